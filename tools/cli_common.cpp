@@ -1,0 +1,47 @@
+#include "cli_common.h"
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+namespace k3moe::cli {
+
+ProgressFn stderr_progress() {
+  struct State {
+    Stopwatch since_start;
+    double last_draw = -1.0;
+    std::string stage;
+  };
+  auto state = std::make_shared<State>();
+  return [state](std::string_view stage, int64_t done, int64_t total) {
+    if (state->stage != stage) {
+      state->stage = std::string(stage);
+      state->since_start = Stopwatch();
+      state->last_draw = -1.0;
+    }
+    const double t = state->since_start.seconds();
+    const bool last = done >= total;
+    if (t < 1.0 && !(last && state->last_draw >= 0.0)) return;
+    if (!last && t - state->last_draw < 0.25) return;
+    state->last_draw = t;
+    const double pct = total > 0 ? 100.0 * double(done) / double(total) : 100.0;
+    std::fprintf(stderr, "\r  %-28s %10lld / %-10lld %5.1f%%  %6.1f s%s", state->stage.c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total), pct, t,
+                 last ? "\n" : "");
+    std::fflush(stderr);
+  };
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  int u = 0;
+  while (bytes >= 1000.0 && u < 4) {
+    bytes /= 1000.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+}  // namespace k3moe::cli

@@ -1,0 +1,34 @@
+// Small pieces the subcommands share.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "k3moe/progress.h"
+
+namespace k3moe::cli {
+
+// Thrown by a subcommand to end the program with this exit status (e.g. validate's failures).
+struct ExitCode {
+  int code;
+};
+
+// A ProgressFn that redraws one line on stderr ("stage  done/total  pct  elapsed") at most a few
+// times a second, and only once the work has run for more than a second.
+ProgressFn stderr_progress();
+
+// "1.23 GB", "512.0 MB" ...
+std::string human_bytes(double bytes);
+
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace k3moe::cli
