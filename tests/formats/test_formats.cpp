@@ -1,0 +1,2 @@
+// placeholder: to be written
+#include <gtest/gtest.h>
