@@ -1,1 +1,48 @@
-// placeholder: to be written
+// One CTA per token; each thread owns 4 consecutive outputs (16-byte loads of y).
+#include "kernels/combine.cuh"
+
+#include "k3moe/formats.h"
+#include "kernels/routing.cuh"
+#include "runtime/cuda_check.h"
+
+namespace k3moe::kernels {
+namespace {
+
+constexpr int kThreads = 128;
+
+__global__ void __launch_bounds__(kThreads) combine_kernel(CombineArgs a) {
+  __shared__ int32_t rows[kRoutingMaxTopK];
+  __shared__ float weights[kRoutingMaxTopK];
+  const int token = blockIdx.x;
+  if (threadIdx.x < a.top_k) {
+    rows[threadIdx.x] = a.slot_row[int64_t(token) * a.top_k + threadIdx.x];
+    weights[threadIdx.x] = a.weights[int64_t(token) * a.top_k + threadIdx.x];
+  }
+  __syncthreads();
+  for (int h = threadIdx.x * 4; h < a.hidden; h += kThreads * 4) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < a.top_k; ++k) {
+      const int32_t row = rows[k];
+      if (row < 0) continue;
+      const float w = weights[k];
+      const float4 v = *reinterpret_cast<const float4*>(a.y + int64_t(row) * a.hidden + h);
+      acc.x = fmaf(w, v.x, acc.x);
+      acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z);
+      acc.w = fmaf(w, v.w, acc.w);
+    }
+    const uint2 packed{uint32_t(float_to_bf16_bits(acc.x)) | (uint32_t(float_to_bf16_bits(acc.y)) << 16),
+                       uint32_t(float_to_bf16_bits(acc.z)) | (uint32_t(float_to_bf16_bits(acc.w)) << 16)};
+    *reinterpret_cast<uint2*>(a.out + int64_t(token) * a.hidden + h) = packed;
+  }
+}
+
+}  // namespace
+
+void launch_combine(const CombineArgs& args, cudaStream_t stream) {
+  if (args.tokens == 0) return;
+  combine_kernel<<<args.tokens, kThreads, 0, stream>>>(args);
+  K3MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace k3moe::kernels

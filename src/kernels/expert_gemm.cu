@@ -1,1 +1,316 @@
-// placeholder: to be written
+// Grouped expert GEMMs: MXFP4 weights x bf16 activations on mma.sync (m16n8k16, fp32 accumulate).
+//
+// Operands are swapped: the weights are the mma's A side (16 rows per m-tile), the tokens its
+// 8-wide B side, so one token does not waste a 64-row tile. A CTA owns 256 weight rows (4 warps x
+// 4 m-tiles) of one expert and one tile of 8/16/32 of that expert's token rows, and streams K in
+// chunks of 128 through a 4-stage cp.async pipeline: per stage the weight blocks (already in
+// fragment order, expert_layout.cuh), their scales, and the token rows (gathered by token id for
+// GEMM1). Each lane widens its own codes to bf16 in registers with the E8M0 scale folded in by one
+// bf16 multiply (exact: a power of two times an E2M1 value), then issues the mma.
+//
+// Epilogues stage the tile through shared memory and store 16-byte vectors:
+//   GEMM1: out j = act(h_gate, h_up) (gate and up of one j sit in one lane by the W13 row order),
+//          rounded to bf16 (A16) or to MXFP8 with the group amax taken over the warp's 32 outputs
+//          (Mxfp8; the dequantized value is stored as bf16, which holds it exactly);
+//   GEMM2: fp32 rows.
+#include "kernels/expert_gemm.cuh"
+
+#include <algorithm>
+
+#include "k3moe/activation.h"
+#include "k3moe/formats.h"
+#include "kernels/expert_layout.cuh"
+#include "kernels/sm90/ptx.cuh"
+#include "runtime/cuda_check.h"
+
+namespace k3moe::kernels {
+namespace {
+
+template <int kNT_>
+struct Tile {
+  static constexpr int kNT = kNT_;  // mma n-tiles (8 tokens each) per warp
+  static constexpr int kTokens = 8 * kNT;
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kMTiles = 4;  // m16 tiles per warp
+  static constexpr int kRowBlocks = kWarps * kMTiles;
+  static constexpr int kRowsPerCta = 16 * kRowBlocks;  // 256
+  static constexpr int kChunkK = 128;
+  static constexpr int kChunkBlocks = kChunkK / layout::kBlockK;
+  static constexpr int kStages = 4;
+  static constexpr int kMinBlocksPerSm = 2;  // what the shared-memory budget allows
+  // NOTE: 16 bytes of padding per row keep the 8 rows an ldmatrix reads in distinct banks.
+  static constexpr int kActStride = kChunkK + 8;  // bf16 elements
+  static constexpr int kCodeBytes = kRowBlocks * kChunkBlocks * layout::kBlockCodeBytes;
+  static constexpr int kScaleBytes = kRowBlocks * kChunkBlocks * layout::kBlockScaleBytes;
+  static constexpr int kActBytes = kTokens * kActStride * 2;
+  static constexpr int kStageBytes = kCodeBytes + kScaleBytes + kActBytes;
+  static constexpr int kOutStride1 = kRowsPerCta / 2 + 8;  // GEMM1 staging, bf16 elements
+  static constexpr int kOutStride2 = kRowsPerCta + 4;      // GEMM2 staging, fp32 elements
+  static constexpr int kSmemBytes = std::max({kStages * kStageBytes, kTokens * kOutStride1 * 2,
+                                              kTokens * kOutStride2 * 4});
+
+  static_assert(kChunkK % layout::kBlockK == 0);
+  static_assert(kStageBytes % 128 == 0, "stages must stay 16-byte (cp.async) aligned");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one SM");
+};
+
+enum class Epilogue { Activation, Fp32Rows };
+
+// Widened E2M1 pair p of a code word (layout: expert_layout.cuh) as bf16x2 of value * 2^-126:
+// the 3 magnitude bits land on bf16 bits 6..8 (exponent LSBs + mantissa MSB), the sign on bit 15.
+template <int p>
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t word) {
+  constexpr int s1 = 6 - 4 * p, s2 = 12 - 4 * p;
+  const uint32_t t1 = s1 >= 0 ? word << s1 : word >> -s1;
+  const uint32_t t2 = word << s2;
+  return (t1 & 0x01C001C0u) | (t2 & 0x80008000u);
+}
+
+// bf16x2 {2^(s-1), 2^(s-1)} from the stored exponent byte e = s + 126; e = 255 gives NaN.
+__device__ __forceinline__ uint32_t scale_multiplier(uint32_t scale_word, int byte) {
+  const uint32_t e = (scale_word >> (8 * byte)) & 0xFFu;
+  const uint32_t h = (e << 7) | (e == 0xFFu ? 0x40u : 0u);
+  return h * 0x00010001u;
+}
+
+template <class T, Epilogue kEpi>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
+    expert_gemm_kernel(ExpertGemmArgs a, Gemm1Epilogue epi1, float* y) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int expert = blockIdx.z;
+  const int row0 = blockIdx.y * T::kRowsPerCta;
+  const int nb0 = row0 / layout::kBlockRows;
+  const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
+  const int begin = a.expert_offset[expert];
+  const int count = a.expert_offset[expert + 1] - begin;
+  const int num_tiles = (count + T::kTokens - 1) / T::kTokens;
+  const int num_chunks = a.K / T::kChunkK;
+  const uint8_t* codes = a.codes + int64_t(expert) * n_blocks * k_blocks * layout::kBlockCodeBytes;
+  const uint8_t* scales = a.scales + int64_t(expert) * n_blocks * k_blocks * layout::kBlockScaleBytes;
+
+  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    const int tile_row0 = begin + tile * T::kTokens;
+    const int tile_count = min(T::kTokens, count - tile * T::kTokens);
+
+    // Each thread copies the same token-row pieces in every chunk: resolve their sources once.
+    constexpr int kActPieces = T::kTokens * (T::kChunkK / 8) / T::kThreads;
+    static_assert(kActPieces * T::kThreads == T::kTokens * (T::kChunkK / 8));
+    const uint16_t* act_src[kActPieces];
+    int act_bytes[kActPieces];
+#pragma unroll
+    for (int i = 0; i < kActPieces; ++i) {
+      const int piece = threadIdx.x + i * T::kThreads;
+      const int r = piece / (T::kChunkK / 8), col = (piece % (T::kChunkK / 8)) * 8;
+      const bool valid = r < tile_count;
+      const int64_t src_row = !valid ? 0 : a.row_token ? a.row_token[tile_row0 + r] : tile_row0 + r;
+      act_src[i] = a.act + src_row * a.K + col;
+      act_bytes[i] = valid ? 16 : 0;
+    }
+
+    auto load_chunk = [&](int chunk, int stage) {
+      uint8_t* s_codes = smem + stage * T::kStageBytes;
+      uint8_t* s_scales = s_codes + T::kCodeBytes;
+      uint16_t* s_act = reinterpret_cast<uint16_t*>(s_scales + T::kScaleBytes);
+      constexpr int kCodePieces = T::kCodeBytes / 16, kPiecesPerBlockRow = kCodePieces / T::kRowBlocks;
+      for (int i = threadIdx.x; i < kCodePieces; i += T::kThreads) {
+        const int nb = nb0 + i / kPiecesPerBlockRow;
+        const int64_t offset = (int64_t(nb) * k_blocks + chunk * T::kChunkBlocks) * layout::kBlockCodeBytes +
+                               (i % kPiecesPerBlockRow) * 16;
+        ptx::cp_async_16(s_codes + i * 16, nb < n_blocks ? codes + offset : codes, nb < n_blocks ? 16 : 0);
+      }
+      constexpr int kScalePieces = T::kScaleBytes / 16, kScalePiecesPerBlockRow = kScalePieces / T::kRowBlocks;
+      for (int i = threadIdx.x; i < kScalePieces; i += T::kThreads) {
+        const int nb = nb0 + i / kScalePiecesPerBlockRow;
+        const int64_t offset = (int64_t(nb) * k_blocks + chunk * T::kChunkBlocks) * layout::kBlockScaleBytes +
+                               (i % kScalePiecesPerBlockRow) * 16;
+        ptx::cp_async_16(s_scales + i * 16, nb < n_blocks ? scales + offset : scales, nb < n_blocks ? 16 : 0);
+      }
+#pragma unroll
+      for (int i = 0; i < kActPieces; ++i) {
+        const int piece = threadIdx.x + i * T::kThreads;
+        const int r = piece / (T::kChunkK / 8), col = (piece % (T::kChunkK / 8)) * 8;
+        ptx::cp_async_16(s_act + r * T::kActStride + col, act_src[i] + chunk * T::kChunkK, act_bytes[i]);
+      }
+    };
+
+    float acc[T::kMTiles][T::kNT][4];
+#pragma unroll
+    for (int i = 0; i < T::kMTiles; ++i)
+#pragma unroll
+      for (int q = 0; q < T::kNT; ++q)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[i][q][c] = 0.0f;
+
+    auto compute_chunk = [&](int stage) {
+      const uint8_t* s_codes = smem + stage * T::kStageBytes;
+      const uint8_t* s_scales = s_codes + T::kCodeBytes;
+      const uint16_t* s_act = reinterpret_cast<const uint16_t*>(s_scales + T::kScaleBytes);
+#pragma unroll
+      for (int kb = 0; kb < T::kChunkBlocks; ++kb) {
+        uint4 code[T::kMTiles];
+        uint32_t mult[T::kMTiles][4];
+#pragma unroll
+        for (int i = 0; i < T::kMTiles; ++i) {
+          const int block = (warp * T::kMTiles + i) * T::kChunkBlocks + kb;
+          code[i] = ptx::ld_shared_v4(s_codes + block * layout::kBlockCodeBytes + lane * 16);
+          const uint32_t sw = ptx::ld_shared_u32(s_scales + block * layout::kBlockScaleBytes + (lane / 4) * 4);
+#pragma unroll
+          for (int b = 0; b < 4; ++b) mult[i][b] = scale_multiplier(sw, b);
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          uint32_t bfrag[T::kNT][2];
+#pragma unroll
+          for (int q = 0; q < T::kNT; ++q) {
+            const uint16_t* row = s_act + (q * 8 + lane % 8) * T::kActStride + kb * layout::kBlockK + kk * 16 +
+                                  ((lane / 8) % 2) * 8;
+            ptx::ldmatrix_x2(bfrag[q][0], bfrag[q][1], row);
+          }
+#pragma unroll
+          for (int i = 0; i < T::kMTiles; ++i) {
+            const uint32_t word = kk == 0 ? code[i].x : kk == 1 ? code[i].y : kk == 2 ? code[i].z : code[i].w;
+            const uint32_t m_lo = mult[i][(kk / 2) * 2], m_hi = mult[i][(kk / 2) * 2 + 1];
+            const uint32_t afrag[4] = {ptx::mul_bf16x2(dequant_pair<0>(word), m_lo),
+                                       ptx::mul_bf16x2(dequant_pair<1>(word), m_hi),
+                                       ptx::mul_bf16x2(dequant_pair<2>(word), m_lo),
+                                       ptx::mul_bf16x2(dequant_pair<3>(word), m_hi)};
+#pragma unroll
+            for (int q = 0; q < T::kNT; ++q) ptx::mma_bf16_16816(acc[i][q], afrag, bfrag[q][0], bfrag[q][1]);
+          }
+        }
+      }
+    };
+
+#pragma unroll
+    for (int s = 0; s < T::kStages - 1; ++s) {
+      if (s < num_chunks) load_chunk(s, s);
+      ptx::cp_async_commit();
+    }
+    for (int chunk = 0; chunk < num_chunks; ++chunk) {
+      ptx::cp_async_wait<T::kStages - 2>();
+      __syncthreads();  // chunk's stage landed for every thread; the stage refilled below is idle
+      const int next = chunk + T::kStages - 1;
+      if (next < num_chunks) load_chunk(next, next % T::kStages);
+      ptx::cp_async_commit();
+      compute_chunk(chunk % T::kStages);
+    }
+    ptx::cp_async_wait<0>();
+    __syncthreads();  // the epilogue reuses the pipeline's shared memory
+
+    const int g = lane / 4, col0 = 2 * (lane % 4);
+    if constexpr (kEpi == Epilogue::Activation) {
+      uint16_t* s_out = reinterpret_cast<uint16_t*>(smem);
+      float v[T::kMTiles][T::kNT][2];
+#pragma unroll
+      for (int i = 0; i < T::kMTiles; ++i)
+#pragma unroll
+        for (int q = 0; q < T::kNT; ++q)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            v[i][q][h] = apply_activation<float>(epi1.activation, epi1.params, acc[i][q][h], acc[i][q][2 + h]);
+      if (epi1.mode == Mode::Mxfp8) {
+        // One MX group = the warp's 32 outputs of one token: 4 m-tiles in the lane x 8 lanes (g).
+#pragma unroll
+        for (int q = 0; q < T::kNT; ++q)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t amax_bits = 0;  // |v| as bits: orders like the values, and NaN above Inf
+#pragma unroll
+            for (int i = 0; i < T::kMTiles; ++i) amax_bits = max(amax_bits, float_bits(v[i][q][h]) & 0x7FFFFFFFu);
+#pragma unroll
+            for (int offset = 4; offset < 32; offset *= 2)
+              amax_bits = max(amax_bits, __shfl_xor_sync(0xFFFFFFFFu, amax_bits, offset));
+            const uint8_t s = mx_scale_round_up(bits_float(amax_bits), kE4M3Max);
+#pragma unroll
+            for (int i = 0; i < T::kMTiles; ++i)
+              v[i][q][h] = e4m3_to_float(float_to_e4m3(scale_down_by_e8m0(v[i][q][h], s))) * e8m0_to_float(s);
+          }
+      }
+#pragma unroll
+      for (int i = 0; i < T::kMTiles; ++i)
+#pragma unroll
+        for (int q = 0; q < T::kNT; ++q)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            s_out[(q * 8 + col0 + h) * T::kOutStride1 + warp * 32 + i * 8 + g] = float_to_bf16_bits(v[i][q][h]);
+      __syncthreads();
+      const int out_cols = a.N / 2, j0 = row0 / 2;
+      constexpr int kPiecesPerRow = T::kRowsPerCta / 2 / 8;
+      for (int piece = threadIdx.x; piece < T::kTokens * kPiecesPerRow; piece += T::kThreads) {
+        const int r = piece / kPiecesPerRow, j = (piece % kPiecesPerRow) * 8;
+        if (r < tile_count && j0 + j < out_cols) {
+          const uint4 val = *reinterpret_cast<const uint4*>(s_out + r * T::kOutStride1 + j);
+          *reinterpret_cast<uint4*>(epi1.inter + int64_t(tile_row0 + r) * out_cols + j0 + j) = val;
+        }
+      }
+    } else {
+      float* s_out = reinterpret_cast<float*>(smem);
+#pragma unroll
+      for (int i = 0; i < T::kMTiles; ++i)
+#pragma unroll
+        for (int q = 0; q < T::kNT; ++q)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            s_out[(q * 8 + col0 + c % 2) * T::kOutStride2 + warp * 64 + i * 16 + g + 8 * (c / 2)] = acc[i][q][c];
+      __syncthreads();
+      constexpr int kPiecesPerRow = T::kRowsPerCta / 4;
+      for (int piece = threadIdx.x; piece < T::kTokens * kPiecesPerRow; piece += T::kThreads) {
+        const int r = piece / kPiecesPerRow, n = (piece % kPiecesPerRow) * 4;
+        if (r < tile_count && row0 + n < a.N) {
+          const float4 val = *reinterpret_cast<const float4*>(s_out + r * T::kOutStride2 + n);
+          *reinterpret_cast<float4*>(y + int64_t(tile_row0 + r) * a.N + row0 + n) = val;
+        }
+      }
+    }
+    __syncthreads();  // the next tile's prologue overwrites the staging area
+  }
+}
+
+template <class T, Epilogue kEpi>
+void launch(const ExpertGemmArgs& a, const Gemm1Epilogue& epi1, float* y, cudaStream_t stream) {
+  auto kernel = expert_gemm_kernel<T, kEpi>;
+  const int tiles = std::max(1, (a.max_rows_per_expert + T::kTokens - 1) / T::kTokens);
+  const dim3 grid(tiles, (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta, a.num_local);
+  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(a, epi1, y);
+  K3MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+void configure() {
+  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_kernel<T, Epilogue::Activation>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_kernel<T, Epilogue::Fp32Rows>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+}
+
+template <Epilogue kEpi>
+void launch_tile(TokenTile tile, const ExpertGemmArgs& a, const Gemm1Epilogue& epi1, float* y, cudaStream_t stream) {
+  switch (tile) {
+    case TokenTile::T8: return launch<Tile<1>, kEpi>(a, epi1, y, stream);
+    case TokenTile::T16: return launch<Tile<2>, kEpi>(a, epi1, y, stream);
+    case TokenTile::T32: return launch<Tile<4>, kEpi>(a, epi1, y, stream);
+  }
+}
+
+}  // namespace
+
+void configure_expert_gemm_kernels() {
+  configure<Tile<1>>();
+  configure<Tile<2>>();
+  configure<Tile<4>>();
+}
+
+void launch_expert_gemm1(const ExpertGemmArgs& args, const Gemm1Epilogue& epilogue, TokenTile tile,
+                         cudaStream_t stream) {
+  if (args.num_local == 0) return;
+  launch_tile<Epilogue::Activation>(tile, args, epilogue, nullptr, stream);
+}
+
+void launch_expert_gemm2(const ExpertGemmArgs& args, float* y, TokenTile tile, cudaStream_t stream) {
+  if (args.num_local == 0) return;
+  launch_tile<Epilogue::Fp32Rows>(tile, args, Gemm1Epilogue{}, y, stream);
+}
+
+}  // namespace k3moe::kernels

@@ -1,1 +1,95 @@
-// placeholder: to be written
+// One CTA of 32 warps. Warp w owns a contiguous range of slots. Pass 1 counts, per warp and local
+// expert, the warp's slots (a round of 32 slots groups equal experts with match_any). The counts
+// are turned into each (warp, expert)'s first row: a prefix over warps per expert, plus the
+// expert's offset from a block-wide scan. Pass 2 walks the same slots again and hands out rows:
+// base of (warp, expert) + rank among the round's lanes of that expert.
+#include "kernels/permute.cuh"
+
+#include <cub/block/block_scan.cuh>
+
+#include "kernels/sm90/ptx.cuh"
+#include "runtime/cuda_check.h"
+
+namespace k3moe::kernels {
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+
+__device__ __forceinline__ int local_expert(const PermuteArgs& a, int64_t slot, int64_t end) {
+  if (slot >= end) return -1;
+  const int id = a.ids[slot];
+  return (id >= a.first_expert && id < a.first_expert + a.num_local) ? id - a.first_expert : -1;
+}
+
+__global__ void __launch_bounds__(kThreads) permute_kernel(PermuteArgs a) {
+  extern __shared__ int32_t next_row[];  // [kWarps][num_local]
+  using Scan = cub::BlockScan<int32_t, kThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t slots = int64_t(a.tokens) * a.top_k;
+  const int64_t per_warp = (slots + kWarps - 1) / kWarps;
+  const int64_t begin = min(slots, warp * per_warp), end = min(slots, begin + per_warp);
+  int32_t* my_rows = next_row + warp * a.num_local;
+
+  for (int e = lane; e < a.num_local; e += 32) my_rows[e] = 0;
+  __syncwarp();
+  for (int64_t base = begin; base < end; base += 32) {
+    const int le = local_expert(a, base + lane, end);
+    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, le);
+    if (le >= 0 && (peers & ptx::lanemask_lt()) == 0) my_rows[le] += __popc(peers);
+    __syncwarp();
+  }
+  __syncthreads();
+
+  // Per expert: exclusive prefix over warps, then the experts' offsets.
+  const int e = threadIdx.x;
+  int32_t total = 0;
+  if (e < a.num_local) {
+    for (int w = 0; w < kWarps; ++w) {
+      const int32_t c = next_row[w * a.num_local + e];
+      next_row[w * a.num_local + e] = total;
+      total += c;
+    }
+  }
+  int32_t offset = 0, all_rows = 0;
+  Scan(scan_storage).ExclusiveSum(total, offset, all_rows);
+  if (e < a.num_local) {
+    a.expert_offset[e] = offset;
+    for (int w = 0; w < kWarps; ++w) next_row[w * a.num_local + e] += offset;
+  }
+  if (e == 0) a.expert_offset[a.num_local] = all_rows;
+  __syncthreads();
+
+  for (int64_t base = begin; base < end; base += 32) {
+    const int64_t slot = base + lane;
+    const int le = local_expert(a, slot, end);
+    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, le);
+    int32_t row = -1;
+    if (le >= 0) row = my_rows[le] + __popc(peers & ptx::lanemask_lt());
+    __syncwarp();
+    if (le >= 0 && (peers & ptx::lanemask_lt()) == 0) my_rows[le] += __popc(peers);
+    __syncwarp();
+    if (slot < end) {
+      a.slot_row[slot] = row;
+      if (row >= 0) a.row_token[row] = int32_t(slot / a.top_k);
+    }
+  }
+}
+
+int smem_bytes(int num_local) { return kWarps * num_local * int(sizeof(int32_t)); }
+
+}  // namespace
+
+void configure_permute_kernel() {
+  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(permute_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem_bytes(kPermuteMaxLocalExperts)));
+}
+
+void launch_permute(const PermuteArgs& args, cudaStream_t stream) {
+  permute_kernel<<<1, kThreads, smem_bytes(args.num_local), stream>>>(args);
+  K3MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace k3moe::kernels

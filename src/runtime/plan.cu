@@ -1,1 +1,242 @@
-// placeholder: to be written
+// MoePlan: validation and workspace at creation; forward() only checks tensors on the host and
+// enqueues the stages in order: [routing] -> [MXFP8 quantization] -> permutation -> GEMM1 + act
+// -> GEMM2 -> combine.
+#include <sstream>
+#include <type_traits>
+
+#include "k3moe/error.h"
+#include "k3moe/plan.h"
+#include "kernels/combine.cuh"
+#include "kernels/expert_gemm.cuh"
+#include "kernels/permute.cuh"
+#include "kernels/quantize_mxfp8.cuh"
+#include "kernels/routing.cuh"
+#include "runtime/device_buffer.h"
+#include "runtime/device_experts_impl.h"
+#include "runtime/heuristics.h"
+#include "runtime/tensor_checks.h"
+
+namespace k3moe {
+namespace {
+
+// Carves the workspace into the stages' buffers, 256-byte aligned.
+struct Workspace {
+  int32_t* route_ids = nullptr;     // [T, K] when routing from logits without caller buffers
+  float* route_weights = nullptr;   // [T, K]
+  uint8_t* x_codes = nullptr;       // [T, H] MXFP8 codes
+  uint8_t* x_scales = nullptr;      // [T, H/32]
+  uint16_t* x_dequant = nullptr;    // [T, H] bf16
+  int32_t* expert_offset = nullptr;  // [num_local + 1]
+  int32_t* row_token = nullptr;     // [T K]
+  int32_t* slot_row = nullptr;      // [T K]
+  uint16_t* inter = nullptr;        // [T K, I] bf16
+  float* y = nullptr;               // [T K, H] fp32
+
+  // With base == nullptr, only counts the bytes.
+  static int64_t carve(Workspace* w, char* base, const PlanOptions& o) {
+    const int64_t T = o.max_tokens, K = o.config.top_k, H = o.config.hidden, I = o.config.intermediate;
+    const int64_t local = o.config.num_experts / o.ep.size;
+    int64_t offset = 0;
+    auto take = [&](auto*& ptr, int64_t bytes) {
+      ptr = base ? reinterpret_cast<std::remove_reference_t<decltype(ptr)>>(base + offset) : nullptr;
+      offset += (bytes + 255) / 256 * 256;
+    };
+    take(w->route_ids, T * K * 4);
+    take(w->route_weights, T * K * 4);
+    take(w->x_codes, o.mode == Mode::Mxfp8 ? T * H : 0);
+    take(w->x_scales, o.mode == Mode::Mxfp8 ? T * H / 32 : 0);
+    take(w->x_dequant, o.mode == Mode::Mxfp8 ? T * H * 2 : 0);
+    take(w->expert_offset, (local + 1) * 4);
+    take(w->row_token, T * K * 4);
+    take(w->slot_row, T * K * 4);
+    take(w->inter, T * K * I * 2);
+    take(w->y, T * K * H * 4);
+    return offset;
+  }
+};
+
+}  // namespace
+
+struct MoePlan::Impl {
+  PlanOptions options;
+  int num_local = 0, first_expert = 0;
+  DeviceBuffer workspace_buffer;
+  Workspace ws;
+};
+
+bool hopper_gpu_available(std::string* why_not) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    if (why_not) *why_not = status != cudaSuccess ? std::string("no CUDA device (") + cudaGetErrorString(status) + ")"
+                                                  : "no CUDA device";
+    cudaGetLastError();
+    return false;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major != 9 || prop.minor != 0) {
+    if (why_not) *why_not = std::string("device 0 is ") + prop.name + " (compute capability " +
+                            std::to_string(prop.major) + "." + std::to_string(prop.minor) + "), k3moe needs 9.0";
+    return false;
+  }
+  return true;
+}
+
+MoePlan MoePlan::create(const PlanOptions& o) {
+  o.config.validate();
+  o.ep.validate(o.config.num_experts);
+  const MoeConfig& c = o.config;
+  K3MOE_CHECK(o.max_tokens >= 0, "max_tokens must be >= 0, got ", o.max_tokens);
+  K3MOE_CHECK(c.hidden % kernels::kGemmKMultiple == 0 && c.intermediate % kernels::kGemmKMultiple == 0,
+              "the expert GEMMs need H and I to be multiples of ", kernels::kGemmKMultiple, ", got H = ", c.hidden,
+              ", I = ", c.intermediate);
+  K3MOE_CHECK(c.top_k <= kernels::kRoutingMaxTopK, "top_k must be <= ", kernels::kRoutingMaxTopK, ", got ", c.top_k);
+  K3MOE_CHECK(c.num_experts <= kernels::kRoutingMaxExperts, "routing supports up to ", kernels::kRoutingMaxExperts,
+              " experts, got ", c.num_experts);
+  const int num_local = o.ep.num_local(c.num_experts);
+  K3MOE_CHECK(num_local <= kernels::kPermuteMaxLocalExperts, "a rank can hold up to ",
+              kernels::kPermuteMaxLocalExperts, " experts, got ", num_local);
+
+  int device_count = 0;
+  K3MOE_CUDA_CHECK(cudaGetDeviceCount(&device_count));
+  K3MOE_CHECK(o.device >= 0 && o.device < device_count, "device ", o.device, " does not exist (", device_count,
+              " CUDA devices)");
+  cudaDeviceProp prop{};
+  K3MOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+  K3MOE_CHECK(prop.major == 9 && prop.minor == 0, "k3moe's kernels need compute capability 9.0 (Hopper: H100, H200); ",
+              "device ", o.device, " is ", prop.name, " (", prop.major, ".", prop.minor, ")");
+
+  auto impl = std::make_unique<Impl>();
+  impl->options = o;
+  impl->num_local = num_local;
+  impl->first_expert = o.ep.first_expert(c.num_experts);
+  DeviceGuard guard(o.device);
+  kernels::configure_expert_gemm_kernels();
+  kernels::configure_permute_kernel();
+  impl->workspace_buffer = DeviceBuffer(Workspace::carve(&impl->ws, nullptr, o));
+  Workspace::carve(&impl->ws, impl->workspace_buffer.get<char>(), o);
+  return MoePlan(std::move(impl));
+}
+
+void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cudaStream_t stream) const {
+  const Impl& p = *impl_;
+  const PlanOptions& o = p.options;
+  const MoeConfig& c = o.config;
+  const DeviceExperts::Impl& w = experts.impl();
+  K3MOE_CHECK(w.device == o.device, "experts live on cuda:", w.device, ", the plan on cuda:", o.device);
+  K3MOE_CHECK(w.config.hidden == c.hidden && w.config.intermediate == c.intermediate &&
+                  w.config.num_experts == c.num_experts && w.ep.size == o.ep.size && w.ep.rank == o.ep.rank,
+              "experts (H ", w.config.hidden, ", I ", w.config.intermediate, ", E ", w.config.num_experts, ", EP ",
+              w.ep.rank, "/", w.ep.size, ") do not match the plan (H ", c.hidden, ", I ", c.intermediate, ", E ",
+              c.num_experts, ", EP ", o.ep.rank, "/", o.ep.size, ")");
+
+  // ---- host-side checks of every tensor, before anything is enqueued
+  K3MOE_CHECK(args.x != nullptr, "x must be given");
+  K3MOE_CHECK(args.x->ndim == 2, "x must be [T, ", c.hidden, "], got ", describe_tensor(*args.x));
+  const int64_t T = args.x->shape[0], H = c.hidden, K = c.top_k, E = c.num_experts;
+  K3MOE_CHECK(T <= o.max_tokens, "x has ", T, " tokens, the plan was created for at most ", o.max_tokens);
+  const bool x_prequantized = same_dtype(args.x->dtype, kU8);
+  K3MOE_CHECK(!x_prequantized || o.mode == Mode::Mxfp8,
+              "x is uint8 (pre-quantized MXFP8) but the plan's mode is ", to_string(o.mode));
+  check_tensor(args.x, "x", x_prequantized ? kU8 : kBf16, {T, H}, o.device);
+  if (x_prequantized) check_tensor(args.x_scales, "x_scales", kI32, {T, H / 128}, o.device);
+  check_tensor(args.out, "out", kBf16, {T, H}, o.device);
+  const bool from_logits = args.router_logits != nullptr;
+  if (from_logits) {
+    check_tensor(args.router_logits, "router_logits", kF32, {T, E}, o.device);
+    check_tensor(args.router_bias, "router_bias", kF32, {E}, o.device);
+  }
+  K3MOE_CHECK(from_logits || (args.topk_ids && args.topk_weights),
+              "give either topk_ids + topk_weights or router_logits + router_bias");
+  if (args.topk_ids || !from_logits) check_tensor(args.topk_ids, "topk_ids", kI32, {T, K}, o.device);
+  if (args.topk_weights || !from_logits) check_tensor(args.topk_weights, "topk_weights", kF32, {T, K}, o.device);
+  if (T == 0) return;
+
+  DeviceGuard guard(o.device);
+  const Workspace& ws = p.ws;
+  int32_t* ids = args.topk_ids ? data_ptr<int32_t>(args.topk_ids) : ws.route_ids;
+  float* weights = args.topk_weights ? data_ptr<float>(args.topk_weights) : ws.route_weights;
+  if (from_logits) {
+    kernels::launch_routing({data_ptr<float>(args.router_logits), data_ptr<float>(args.router_bias), ids, weights,
+                             int(T), int(E), int(K), c.renormalize, c.routed_scaling_factor},
+                            stream);
+  }
+
+  const uint16_t* x_act = data_ptr<uint16_t>(args.x);
+  if (o.mode == Mode::Mxfp8) {
+    if (x_prequantized) {
+      kernels::launch_dequantize_mxfp8(data_ptr<uint8_t>(args.x), data_ptr<uint8_t>(args.x_scales), int(T), int(H),
+                                       ws.x_dequant, stream);
+    } else {
+      kernels::launch_quantize_mxfp8(x_act, int(T), int(H), {ws.x_codes, ws.x_scales, ws.x_dequant}, stream);
+    }
+    x_act = ws.x_dequant;
+  }
+
+  kernels::launch_permute({ids, int(T), int(K), p.first_expert, p.num_local, ws.expert_offset, ws.row_token,
+                           ws.slot_row},
+                          stream);
+
+  const KernelChoice choice = choose_kernels(c, int(T));
+  kernels::ExpertGemmArgs g1{w.w13_codes.get<uint8_t>(), w.w13_scales.get<uint8_t>(), x_act, ws.row_token,
+                             ws.expert_offset, p.num_local, 2 * c.intermediate, c.hidden, int(T)};
+  kernels::launch_expert_gemm1(g1, {ws.inter, o.mode, o.activation, o.activation_params}, choice.token_tile, stream);
+  kernels::ExpertGemmArgs g2{w.w2_codes.get<uint8_t>(), w.w2_scales.get<uint8_t>(), ws.inter, nullptr,
+                             ws.expert_offset, p.num_local, c.hidden, c.intermediate, int(T)};
+  kernels::launch_expert_gemm2(g2, ws.y, choice.token_tile, stream);
+
+  kernels::launch_combine({ws.y, ws.slot_row, weights, data_ptr<uint16_t>(args.out), int(T), int(K), int(H)}, stream);
+}
+
+void MoePlan::route(const DLTensor& logits, const DLTensor& bias, DLTensor& ids, DLTensor& weights,
+                    cudaStream_t stream) const {
+  const PlanOptions& o = impl_->options;
+  const MoeConfig& c = o.config;
+  K3MOE_CHECK(logits.ndim == 2, "router_logits must be [T, ", c.num_experts, "], got ", describe_tensor(logits));
+  const int64_t T = logits.shape[0];
+  check_tensor(&logits, "router_logits", kF32, {T, c.num_experts}, o.device);
+  check_tensor(&bias, "router_bias", kF32, {c.num_experts}, o.device);
+  check_tensor(&ids, "topk_ids", kI32, {T, c.top_k}, o.device);
+  check_tensor(&weights, "topk_weights", kF32, {T, c.top_k}, o.device);
+  DeviceGuard guard(o.device);
+  kernels::launch_routing({data_ptr<float>(&logits), data_ptr<float>(&bias), data_ptr<int32_t>(&ids),
+                           data_ptr<float>(&weights), int(T), c.num_experts, c.top_k, c.renormalize,
+                           c.routed_scaling_factor},
+                          stream);
+}
+
+void MoePlan::quantize_mxfp8(const DLTensor& x, DLTensor& codes, DLTensor& scales, cudaStream_t stream) const {
+  const PlanOptions& o = impl_->options;
+  const int64_t H = o.config.hidden;
+  K3MOE_CHECK(x.ndim == 2, "x must be [T, ", H, "], got ", describe_tensor(x));
+  const int64_t T = x.shape[0];
+  check_tensor(&x, "x", kBf16, {T, H}, o.device);
+  check_tensor(&codes, "codes", kU8, {T, H}, o.device);
+  check_tensor(&scales, "scales", kI32, {T, H / 128}, o.device);
+  DeviceGuard guard(o.device);
+  kernels::launch_quantize_mxfp8(data_ptr<uint16_t>(&x), int(T), int(H),
+                                 {data_ptr<uint8_t>(&codes), data_ptr<uint8_t>(&scales), nullptr}, stream);
+}
+
+const PlanOptions& MoePlan::options() const { return impl_->options; }
+int64_t MoePlan::workspace_bytes() const { return impl_->workspace_buffer.bytes(); }
+
+std::string MoePlan::describe(int tokens) const {
+  const PlanOptions& o = impl_->options;
+  std::ostringstream out;
+  out << "mode " << to_string(o.mode) << ", activation " << to_string(o.activation) << ", EP rank " << o.ep.rank
+      << "/" << o.ep.size << " (" << impl_->num_local << " local experts from " << impl_->first_expert << ")\n"
+      << "routing: one warp per token, top-" << o.config.top_k << " of " << o.config.num_experts << "\n"
+      << "permutation: one CTA, deterministic (t, k) order\n"
+      << choose_kernels(o.config, tokens).describe() << "\n"
+      << "combine: one CTA per token, fp32 in slot order\n"
+      << "workspace: " << workspace_bytes() << " bytes for " << o.max_tokens << " tokens";
+  return out.str();
+}
+
+MoePlan::MoePlan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MoePlan::MoePlan(MoePlan&&) noexcept = default;
+MoePlan& MoePlan::operator=(MoePlan&&) noexcept = default;
+MoePlan::~MoePlan() = default;
+
+}  // namespace k3moe

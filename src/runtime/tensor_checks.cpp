@@ -1,1 +1,86 @@
-// placeholder: to be written
+#include "runtime/tensor_checks.h"
+
+#include <sstream>
+#include <vector>
+
+#include "k3moe/error.h"
+
+namespace k3moe {
+
+bool same_dtype(DLDataType a, DLDataType b) { return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes; }
+
+std::string dtype_name(DLDataType dtype) {
+  std::ostringstream out;
+  switch (dtype.code) {
+    case kDLInt: out << "int"; break;
+    case kDLUInt: out << "uint"; break;
+    case kDLFloat: out << "float"; break;
+    case kDLBfloat: out << "bfloat"; break;
+    default: out << "dtype(code " << int(dtype.code) << ")"; break;
+  }
+  out << int(dtype.bits);
+  if (dtype.lanes != 1) out << "x" << dtype.lanes;
+  return out.str();
+}
+
+namespace {
+
+template <class Shape>
+std::string shape_string(const Shape& shape) {
+  std::ostringstream out;
+  out << "[";
+  bool first = true;
+  for (int64_t d : shape) {
+    out << (first ? "" : ", ") << d;
+    first = false;
+  }
+  out << "]";
+  return out.str();
+}
+
+std::string device_name(DLDevice device) {
+  std::ostringstream out;
+  if (device.device_type == kDLCUDA) out << "cuda:" << device.device_id;
+  else if (device.device_type == kDLCPU) out << "cpu";
+  else out << "device type " << int(device.device_type) << ":" << device.device_id;
+  return out.str();
+}
+
+bool is_contiguous(const DLTensor& t) {
+  if (!t.strides) return true;
+  int64_t expected = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    if (t.shape[d] != 1 && t.strides[d] != expected) return false;
+    expected *= t.shape[d];
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string describe_tensor(const DLTensor& t) {
+  std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
+  return shape_string(shape) + " " + dtype_name(t.dtype) + " on " + device_name(t.device);
+}
+
+void check_tensor(const DLTensor* t, const char* name, DLDataType dtype, std::initializer_list<int64_t> shape,
+                  int device) {
+  std::ostringstream want;
+  want << shape_string(shape) << " " << dtype_name(dtype) << " on cuda:" << device;
+  K3MOE_CHECK(t != nullptr, name, " must be ", want.str(), ", got no tensor");
+  bool ok = t->ndim == int(shape.size()) && same_dtype(t->dtype, dtype) && t->device.device_type == kDLCUDA &&
+            t->device.device_id == device;
+  if (ok) {
+    int d = 0;
+    for (int64_t extent : shape) ok = ok && t->shape[d++] == extent;
+  }
+  K3MOE_CHECK(ok, name, " must be ", want.str(), ", got ", describe_tensor(*t));
+  K3MOE_CHECK(is_contiguous(*t), name, " must be contiguous (row-major), got ", describe_tensor(*t), " with other strides");
+  int64_t numel = 1;
+  for (int64_t extent : shape) numel *= extent;
+  K3MOE_CHECK(numel == 0 || t->data != nullptr, name, " has ", numel, " elements but no data pointer");
+  const auto address = reinterpret_cast<uintptr_t>(static_cast<const char*>(t->data) + t->byte_offset);
+  K3MOE_CHECK(address % 16 == 0, name, " must start 16-byte aligned, got address 0x", std::hex, address);
+}
+
+}  // namespace k3moe

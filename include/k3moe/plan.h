@@ -1,0 +1,123 @@
+// The GPU forward of the routed experts: device weights in the kernel layout, and a plan that is
+// created once and then runs forward() any number of times.
+//
+// Guarantees of MoePlan::forward (see docs/API.md):
+//   - no device allocation, no host synchronisation, no device-to-host copy: it only enqueues
+//     kernels on the given stream, so it can be captured in a CUDA graph and replayed with new
+//     data in the same buffers;
+//   - bitwise deterministic: the same inputs give the same output bits, run after run, eager or
+//     replayed (no atomics in any floating-point reduction; token lists built in a fixed order);
+//   - every element of `out` is written (a token with no local expert gets zeros);
+//   - ids that are -1, belong to another EP rank, or are garbage (>= E, < -1, as CUDA-graph
+//     padding rows may hold) contribute nothing and are never used to index memory. Ids are
+//     validated on the host only where the host holds them (the reference, the CLI).
+// One plan runs one forward at a time (its workspace is shared by its launches); use one plan per
+// concurrently running stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <dlpack/dlpack.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "k3moe/config.h"
+#include "k3moe/experts.h"
+
+namespace k3moe {
+
+// A rank's experts on one GPU, in the kernel layout (see src/kernels/expert_layout.cuh).
+class DeviceExperts {
+ public:
+  // Reorders and uploads (synchronously). Throws k3moe::Error for a scale byte the kernels cannot
+  // represent exactly (129..254, i.e. group scales above 2), naming tensor, expert, row and group.
+  static DeviceExperts upload(const RankExperts& experts, int device);
+
+  DeviceExperts(DeviceExperts&&) noexcept;
+  DeviceExperts& operator=(DeviceExperts&&) noexcept;
+  ~DeviceExperts();
+
+  // Copies back and undoes the layout: equals the uploaded RankExperts' tensors (round-trip test).
+  RankExperts download() const;
+
+  const MoeConfig& config() const;
+  ExpertParallel ep() const;
+  int layer() const;
+  int num_local() const;
+  int first_expert() const;
+  int device() const;
+  int64_t bytes() const;
+
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  explicit DeviceExperts(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct PlanOptions {
+  MoeConfig config;
+  int max_tokens = 4096;
+  Mode mode = Mode::A16;
+  Activation activation = Activation::Situ;
+  ActivationParams activation_params;  // normally config.activation_params
+  ExpertParallel ep;
+  int device = 0;
+};
+
+// Tensors of one forward. Shapes: T tokens, H hidden, K top-k, E global experts.
+struct ForwardArgs {
+  // x: [T, H] bf16. In mode Mxfp8, x may instead be pre-quantized: [T, H] uint8 E4M3 codes
+  // (DLPack uint8, or float8_e4m3fn where DLPack has it) with x_scales [T, H/128] int32 (four E8M0
+  // bytes per int32, group g at byte g mod 4).
+  const DLTensor* x = nullptr;
+  const DLTensor* x_scales = nullptr;
+  // Routing, either given: topk_ids [T, K] int32 global ids (-1 allowed) + topk_weights [T, K] fp32,
+  const DLTensor* topk_ids = nullptr;
+  const DLTensor* topk_weights = nullptr;
+  // or computed here from router_logits [T, E] fp32 + router_bias [E] fp32 (then topk_ids and
+  // topk_weights, if given, receive the routing).
+  const DLTensor* router_logits = nullptr;
+  const DLTensor* router_bias = nullptr;
+  DLTensor* out = nullptr;  // [T, H] bf16
+};
+
+class MoePlan {
+ public:
+  // Validates the options, checks the device (compute capability 9.0 needed), picks kernels and
+  // allocates the workspace for max_tokens. Throws k3moe::Error.
+  static MoePlan create(const PlanOptions& options);
+
+  MoePlan(MoePlan&&) noexcept;
+  MoePlan& operator=(MoePlan&&) noexcept;
+  ~MoePlan();
+
+  // Enqueues the forward on `stream`. Throws k3moe::Error (before enqueueing anything) on a
+  // tensor of the wrong dtype, shape, device or layout, naming it with expected and actual.
+  void forward(const DeviceExperts& experts, const ForwardArgs& args, cudaStream_t stream) const;
+
+  // The routing stage alone: logits [T, E] fp32, bias [E] fp32 -> ids [T, K] int32, weights fp32.
+  void route(const DLTensor& logits, const DLTensor& bias, DLTensor& ids, DLTensor& weights,
+             cudaStream_t stream) const;
+
+  // MXFP8 quantization alone (the contract's rule): x [T, H] bf16 -> codes [T, H] uint8,
+  // scales [T, H/128] int32.
+  void quantize_mxfp8(const DLTensor& x, DLTensor& codes, DLTensor& scales, cudaStream_t stream) const;
+
+  const PlanOptions& options() const;
+  int64_t workspace_bytes() const;
+  // The kernels this plan runs for T tokens, one line each (the heuristic's choice).
+  std::string describe(int tokens) const;
+
+ private:
+  struct Impl;
+  explicit MoePlan(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Whether a GPU this library can run on is present (for tests and tools that skip without one).
+bool hopper_gpu_available(std::string* why_not = nullptr);
+
+}  // namespace k3moe

@@ -1,0 +1,22 @@
+// Combine: out[t] = sum over slots k, in slot order, of w[t, k] * y[row(t, k)], fp32 fma, stored
+// bf16. Slots without a local row add nothing; a token without any gets zeros. No atomics, so the
+// result is bitwise reproducible.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace k3moe::kernels {
+
+struct CombineArgs {
+  const float* y = nullptr;           // [rows, H]
+  const int32_t* slot_row = nullptr;  // [T, K]
+  const float* weights = nullptr;     // [T, K]
+  uint16_t* out = nullptr;            // [T, H] bf16
+  int tokens = 0, top_k = 0, hidden = 0;
+};
+
+void launch_combine(const CombineArgs& args, cudaStream_t stream);
+
+}  // namespace k3moe::kernels

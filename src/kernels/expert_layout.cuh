@@ -1,0 +1,69 @@
+// The kernel layout of MXFP4 expert weights: what DeviceExperts::upload writes and expert_gemm.cu
+// reads. Defined once here (host and device), tested by round trip.
+//
+// A weight matrix W [N, K] (N output rows, K the reduction) is cut into blocks of 16 rows x 64 k.
+// Blocks are stored row-block major: block (nb, kb) at index nb * (K/64) + kb, so one warp streams
+// each of its row blocks as one contiguous run.
+//
+// Codes: 512 bytes per block, 16 per lane. They are exactly the lane's A fragments of the four
+// m16n8k16 mma steps over the block's 64 k (bf16 A fragment of lane t: g = t/4, c = 2 (t%4);
+// a0,a1 = (row g, k c, c+1); a2,a3 = (row g+8, k c, c+1); a4,a5 = (row g, k c+8, c+9);
+// a6,a7 = (row g+8, k c+8, c+9)). Word kk (bytes 4kk..4kk+3) of the lane holds step kk's eight
+// codes: fragment pair p = (a_2p, a_2p+1) sits at nibbles p (a_2p) and p+4 (a_2p+1), so pair p is
+// widened to bf16x2 by two shifts and two masks (dequant_pair in expert_gemm.cu), no table.
+//
+// Scales: 32 bytes per block, 4 per row-group g = t/4 at bytes 4g..4g+3:
+// (row g, k-group 0), (row g+8, k-group 0), (row g, k-group 1), (row g+8, k-group 1).
+// Each byte holds the bf16 biased exponent of 2^(s-1) (= s + 126), the multiplier that turns the
+// widened code (value * 2^-126) into value * 2^(s-127); s = 255 (NaN) stays 255 and multiplies as
+// NaN. That needs s <= 128 (group scales up to 2): upload rejects 129..254.
+//
+// W13 rows are reordered so that a row block holds 8 gate rows then the 8 up rows of the same
+// outputs: kernel row r is gate row j (r%16 < 8) or up row I + j, with j = 8 (r/16) + r%8. An
+// mma tile then has h_gate and h_up of one output in the same lane (c0 with c2, c1 with c3).
+#pragma once
+
+#include <cstdint>
+
+#include "k3moe/formats.h"
+
+namespace k3moe::layout {
+
+inline constexpr int kBlockRows = 16;
+inline constexpr int kBlockK = 64;
+inline constexpr int kBlockCodeBytes = kBlockRows * kBlockK / 2;  // 512
+inline constexpr int kBlockScaleBytes = kBlockRows * kBlockK / 32;  // 32
+inline constexpr uint8_t kMaxScale = 128;  // largest E8M0 byte the bf16 multiplier can hold
+
+// W13: kernel row -> checkpoint row (rows [0, I) = w1 gate, [I, 2I) = w3 up).
+K3MOE_HD constexpr int w13_checkpoint_row(int kernel_row, int intermediate) {
+  const int j = 8 * (kernel_row / 16) + kernel_row % 8;
+  return (kernel_row % 16) < 8 ? j : intermediate + j;
+}
+
+struct CodePosition {
+  int64_t byte;  // offset in the matrix's code bytes
+  int shift;     // 0: low nibble, 4: high nibble
+};
+
+K3MOE_HD constexpr CodePosition code_position(int n, int k, int K) {
+  const int64_t block = int64_t(n / kBlockRows) * (K / kBlockK) + k / kBlockK;
+  const int r = n % kBlockRows, c = k % kBlockK;
+  const int kk = c / 16, cc = c % 16;
+  const int lane = (r % 8) * 4 + (cc % 8) / 2;
+  const int pair = (cc / 8) * 2 + r / 8;
+  const int nibble = pair + 4 * (cc % 2);
+  return {block * kBlockCodeBytes + lane * 16 + kk * 4 + nibble / 2, (nibble % 2) * 4};
+}
+
+K3MOE_HD constexpr int64_t scale_position(int n, int k, int K) {
+  const int64_t block = int64_t(n / kBlockRows) * (K / kBlockK) + k / kBlockK;
+  const int r = n % kBlockRows, group = (k % kBlockK) / 32;
+  return block * kBlockScaleBytes + (r % 8) * 4 + group * 2 + r / 8;
+}
+
+// E8M0 byte -> stored multiplier exponent, and back.
+K3MOE_HD constexpr uint8_t scale_to_kernel(uint8_t s) { return s == kE8M0NaN ? kE8M0NaN : uint8_t(s + 126); }
+K3MOE_HD constexpr uint8_t scale_from_kernel(uint8_t e) { return e == kE8M0NaN ? kE8M0NaN : uint8_t(e - 126); }
+
+}  // namespace k3moe::layout

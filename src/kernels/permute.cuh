@@ -1,0 +1,29 @@
+// Expert-parallel mapping and permutation: global ids [T, K] -> this rank's token lists.
+// Slot (t, k) is local when first_expert <= id < first_expert + num_local; every other value
+// (-1, another rank's expert, garbage) is skipped without being used as an index.
+// Rows of expert e are [expert_offset[e], expert_offset[e + 1]), ordered by (t, k): the order is
+// fixed by the input alone (no atomics).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace k3moe::kernels {
+
+inline constexpr int kPermuteMaxLocalExperts = 1024;
+
+struct PermuteArgs {
+  const int32_t* ids = nullptr;  // [T, K]
+  int tokens = 0, top_k = 0;
+  int first_expert = 0, num_local = 0;
+  int32_t* expert_offset = nullptr;  // [num_local + 1]
+  int32_t* row_token = nullptr;      // [T K]: token of each row (the first expert_offset[num_local])
+  int32_t* slot_row = nullptr;       // [T K]: row of each slot, -1 if the slot is not local
+};
+
+void launch_permute(const PermuteArgs& args, cudaStream_t stream);
+// Raises the kernel's shared-memory limit on the current device; once per device, before launches.
+void configure_permute_kernel();
+
+}  // namespace k3moe::kernels

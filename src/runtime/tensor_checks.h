@@ -1,0 +1,33 @@
+// Host-side checks of DLPack tensors crossing the public API. Each failure is a k3moe::Error that
+// names the tensor, the expected and the actual shape / dtype / device / layout.
+#pragma once
+
+#include <dlpack/dlpack.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace k3moe {
+
+inline constexpr DLDataType kBf16{kDLBfloat, 16, 1};
+inline constexpr DLDataType kF32{kDLFloat, 32, 1};
+inline constexpr DLDataType kI32{kDLInt, 32, 1};
+inline constexpr DLDataType kU8{kDLUInt, 8, 1};
+
+std::string dtype_name(DLDataType dtype);
+// "[4, 3584] bfloat16 on cuda:0"
+std::string describe_tensor(const DLTensor& tensor);
+
+// `t` must exist, live on CUDA device `device`, have `dtype` and `shape`, be contiguous
+// (row-major) and start 16-byte aligned. Throws k3moe::Error otherwise.
+void check_tensor(const DLTensor* t, const char* name, DLDataType dtype, std::initializer_list<int64_t> shape,
+                  int device);
+bool same_dtype(DLDataType a, DLDataType b);
+
+template <class T>
+T* data_ptr(const DLTensor* t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t->data) + t->byte_offset);
+}
+
+}  // namespace k3moe
