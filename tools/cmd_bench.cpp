@@ -1,5 +1,302 @@
-// placeholder: to be written
+// k3moe bench: the benchmark protocol of PERF.md. Ceilings measured in the same run; each case's
+// forward captured in CUDA graphs (one per rotated input set, so inputs and outputs do not stay
+// in L2), timed over graph replays with events (median); realistic random data; active experts
+// counted from the run's routing; the floor = max(bytes / copy ceiling, FLOPs / matrix ceiling);
+// the in-run baseline (bench_baseline.h) timed the same way.
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_baseline.h"
+#include "bench_ceilings.h"
+#include "bench_timing.h"
+#include "cli_common.h"
 #include "commands.h"
+#include "k3moe/error.h"
+#include "k3moe/formats.h"
+#include "k3moe/plan.h"
+#include "k3moe/reference.h"
+#include "k3moe/synthetic.h"
+#include "runtime/device_tensor.h"
+#include "runtime/tensor_checks.h"
+
 namespace k3moe::cli {
-void register_bench(CLI::App& app) { app.add_subcommand("bench", "(not written yet)"); }
+namespace {
+
+constexpr int kInputSets = 4;
+constexpr int kRepeats = 40;
+
+struct Shape {
+  std::string name;
+  MoeConfig config;
+  ExpertParallel ep;
+};
+
+std::vector<Shape> shapes() {
+  MoeConfig local28;
+  local28.num_experts = 28;  // top-16 among the 28 experts of one rank
+  const MoeConfig k3;
+  return {{"local28", local28, {1, 0}}, {"ep32", k3, {32, 0}}, {"ep16", k3, {16, 0}}};
+}
+
+struct Case {
+  std::string shape;
+  int tokens;
+  Mode mode;
+};
+
+std::vector<Case> suite(const std::string& name) {
+  std::vector<Case> cases;
+  auto add = [&](const std::string& shape, std::vector<int> tokens) {
+    for (Mode mode : {Mode::A16, Mode::Mxfp8})
+      for (int t : tokens) cases.push_back({shape, t, mode});
+  };
+  if (name == "decode" || name == "all") {
+    add("local28", {1, 8, 32});
+    add("ep32", {8, 64});
+    add("ep16", {256});
+  }
+  if (name == "prefill" || name == "all") {
+    add("local28", {128, 512, 1024, 2048, 4096});
+    add("ep16", {8192});
+  }
+  K3MOE_CHECK(!cases.empty(), "--suite must be decode, prefill or all, got ", name);
+  return cases;
+}
+
+struct Row {
+  Case c;
+  double active_experts = 0, local_pairs = 0, bytes = 0, flops = 0;
+  double us_ids = 0, us_logits = 0, spread_pct = 0, baseline_us = 0;
+  double floor_us = 0, floor_ratio = 0, baseline_rel_l2 = 0;
+};
+
+struct Options {
+  std::string suite = "decode", shape, json, commit = "unknown";
+  std::vector<int> tokens;
+  std::string mode;
+  bool no_baseline = false;
+};
+
+Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
+             const Ceilings& ceil, bool with_baseline) {
+  const MoeConfig& cfg = shape.config;
+  const int64_t T = c.tokens, H = cfg.hidden, E = cfg.num_experts, K = cfg.top_k;
+  MoePlan plan = MoePlan::create({cfg, c.tokens, c.mode, cfg.activation, cfg.activation_params, shape.ep, 0});
+  cudaStream_t stream;
+  K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  struct Set {
+    DeviceTensor x, logits, bias, ids, weights, out, out_baseline;
+    cudaGraphExec_t with_ids = nullptr, with_logits = nullptr;
+  };
+  std::vector<std::unique_ptr<Set>> sets;
+  std::mt19937_64 rng(c.tokens * 131 + int(c.mode));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Row row;
+  row.c = c;
+  std::unique_ptr<BaselineForward> baseline;
+  if (with_baseline) baseline = std::make_unique<BaselineForward>(host, cfg.activation, cfg.activation_params);
+  auto capture = [&](const ForwardArgs& args) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    K3MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    plan.forward(experts, args, stream);
+    K3MOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    K3MOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+    return exec;
+  };
+  for (int s = 0; s < kInputSets; ++s) {
+    auto set = std::make_unique<Set>();
+    std::vector<uint16_t> x(size_t(T * H));
+    for (auto& v : x) v = float_to_bf16_bits(normal(rng));
+    std::vector<float> logits(size_t(T * E)), bias(static_cast<size_t>(E));
+    for (auto& v : logits) v = normal(rng);
+    for (auto& v : bias) v = 0.1f * normal(rng);
+    set->x = DeviceTensor::from_host(x, {T, H}, kBf16, 0);
+    set->logits = DeviceTensor::from_host(logits, {T, E}, kF32, 0);
+    set->bias = DeviceTensor::from_host(bias, {E}, kF32, 0);
+    set->ids = DeviceTensor({T, K}, kI32, 0);
+    set->weights = DeviceTensor({T, K}, kF32, 0);
+    set->out = DeviceTensor({T, H}, kBf16, 0);
+    set->out_baseline = DeviceTensor({T, H}, kBf16, 0);
+    plan.route(*set->logits.dl(), *set->bias.dl(), *set->ids.dl(), *set->weights.dl(), stream);
+    K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto ids = set->ids.download<int32_t>();
+    std::set<int> hit;
+    for (int32_t id : ids)
+      if (id >= host.first_expert && id < host.first_expert + host.num_local) {
+        hit.insert(id);
+        row.local_pairs += 1.0 / kInputSets;
+      }
+    row.active_experts += double(hit.size()) / kInputSets;
+    ForwardArgs args;
+    args.x = set->x.dl();
+    args.topk_ids = set->ids.dl();
+    args.topk_weights = set->weights.dl();
+    args.out = set->out.dl();
+    set->with_ids = capture(args);
+    ForwardArgs from_logits = args;
+    from_logits.topk_ids = from_logits.topk_weights = nullptr;
+    from_logits.router_logits = set->logits.dl();
+    from_logits.router_bias = set->bias.dl();
+    set->with_logits = capture(from_logits);
+    if (baseline)
+      baseline->add_input_set(static_cast<const uint16_t*>(set->x.data()), ids, set->weights.download<float>(),
+                              static_cast<uint16_t*>(set->out_baseline.data()), c.tokens, stream);
+    sets.push_back(std::move(set));
+  }
+
+  const Timing t_ids = time_ms(stream, 5, kRepeats, [&](int i) {
+    K3MOE_CUDA_CHECK(cudaGraphLaunch(sets[i % kInputSets]->with_ids, stream));
+  });
+  const Timing t_logits = time_ms(stream, 5, kRepeats, [&](int i) {
+    K3MOE_CUDA_CHECK(cudaGraphLaunch(sets[i % kInputSets]->with_logits, stream));
+  });
+  row.us_ids = 1000.0 * t_ids.median_ms;
+  row.us_logits = 1000.0 * t_logits.median_ms;
+  // The spread of the timed replays: what a second run of the same binary may differ by.
+  row.spread_pct = 100.0 * (t_ids.max_ms - t_ids.min_ms) / t_ids.median_ms;
+  if (baseline) {
+    const Timing t_base = time_ms(stream, 3, kRepeats, [&](int i) { baseline->launch(i % kInputSets, stream); });
+    row.baseline_us = 1000.0 * t_base.median_ms;
+    K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    // The baseline must compute the same function: its output against ours (bf16 intermediates
+    // differ: bf16 GEMM outputs in the baseline, fp32 in k3moe).
+    std::vector<double> ours, base;
+    for (uint16_t b : sets[0]->out.download<uint16_t>()) ours.push_back(bf16_bits_to_float(b));
+    for (uint16_t b : sets[0]->out_baseline.download<uint16_t>()) base.push_back(bf16_bits_to_float(b));
+    row.baseline_rel_l2 = compare(base, ours).rel_l2;
+  }
+
+  const double expert_bytes = double(cfg.expert_bytes());
+  row.bytes = row.active_experts * expert_bytes + double(T * H * 2 * 2) + double(T * K * 8);
+  row.flops = 2.0 * (2.0 * cfg.intermediate * cfg.hidden + double(cfg.hidden) * cfg.intermediate) * row.local_pairs;
+  const double matrix_tflops = c.mode == Mode::A16 ? ceil.bf16_tflop_s : ceil.fp8_tflop_s;
+  row.floor_us = std::max(row.bytes / (ceil.copy_tb_s * 1e12), row.flops / (matrix_tflops * 1e12)) * 1e6;
+  row.floor_ratio = row.floor_us / row.us_ids;
+
+  for (auto& s : sets) {
+    cudaGraphExecDestroy(s->with_ids);
+    cudaGraphExecDestroy(s->with_logits);
+  }
+  cudaStreamDestroy(stream);
+  return row;
+}
+
+std::string today() {
+  char buf[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
+  return buf;
+}
+
+void bench(const Options& o) {
+  std::string why;
+  K3MOE_CHECK(hopper_gpu_available(&why), "bench needs a Hopper GPU: ", why);
+  std::vector<Case> cases;
+  for (const Case& c : suite(o.suite)) {
+    if (!o.shape.empty() && c.shape != o.shape) continue;
+    if (!o.tokens.empty() && std::find(o.tokens.begin(), o.tokens.end(), c.tokens) == o.tokens.end()) continue;
+    if (!o.mode.empty() && to_string(c.mode) != o.mode) continue;
+    cases.push_back(c);
+  }
+  if (!o.tokens.empty() && !o.shape.empty())  // explicit cases outside the suites
+    for (int t : o.tokens)
+      for (Mode mode : {Mode::A16, Mode::Mxfp8})
+        if ((o.mode.empty() || to_string(mode) == o.mode) &&
+            std::none_of(cases.begin(), cases.end(), [&](const Case& c) { return c.tokens == t && c.mode == mode; }))
+          cases.push_back({o.shape, t, mode});
+
+  std::printf("measuring ceilings (device copy, cuBLASLt bf16 and fp8 8192^3)...\n");
+  const Ceilings ceil = measure_ceilings(0);
+  std::printf("%s, %d SMs, %.0f MB L2, driver %d, commit %s\n", ceil.gpu_name.c_str(), ceil.sm_count, ceil.l2_mb,
+              ceil.driver_version, o.commit.c_str());
+  std::printf("ceilings: copy %.2f TB/s, bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s\n\n", ceil.copy_tb_s, ceil.bf16_tflop_s,
+              ceil.fp8_tflop_s);
+  std::printf("%-8s %5s %-6s %6s %9s %9s %7s %8s %6s %9s %10s %9s %7s %6s\n", "shape", "T", "mode", "experts", "us",
+              "us+route", "TB/s", "TFLOP/s", "floor", "floor/t", "baseline", "speedup", "spread", "base-d");
+  std::map<std::string, std::pair<RankExperts, std::unique_ptr<DeviceExperts>>> loaded;
+  std::vector<Row> rows;
+  for (const Case& c : cases) {
+    const std::vector<Shape> all = shapes();
+    const auto shape_it = std::find_if(all.begin(), all.end(), [&](const Shape& s) { return s.name == c.shape; });
+    K3MOE_CHECK(shape_it != all.end(), "--shape must be local28, ep32 or ep16, got ", c.shape);
+    const Shape& shape = *shape_it;
+    if (!loaded.count(c.shape)) {
+      loaded.clear();  // one shape's experts on the GPU at a time
+      SyntheticSpec spec;
+      spec.config = shape.config;
+      spec.seed = 42;
+      RankExperts host = synthesize_experts(spec, shape.config.first_moe_layer(), shape.ep, stderr_progress());
+      auto device = std::make_unique<DeviceExperts>(DeviceExperts::upload(host, 0));
+      loaded.emplace(c.shape, std::make_pair(std::move(host), std::move(device)));
+    }
+    const auto& [host, device] = loaded.at(c.shape);
+    const Row r = run_case(c, shape, host, *device, ceil, !o.no_baseline);
+    std::printf("%-8s %5d %-6s %6.1f %9.1f %9.1f %7.2f %8.1f %6.1f %9.3f %10.1f %8.2fx %6.1f%% %6.0e\n", c.shape.c_str(),
+                c.tokens, std::string(to_string(c.mode)).c_str(), r.active_experts, r.us_ids, r.us_logits,
+                r.bytes / (r.us_ids * 1e-6) / 1e12, r.flops / (r.us_ids * 1e-6) / 1e12, r.floor_us, r.floor_ratio,
+                r.baseline_us, r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0, r.spread_pct, r.baseline_rel_l2);
+    std::fflush(stdout);
+    rows.push_back(r);
+  }
+
+  if (!o.json.empty()) {
+    nlohmann::json j;
+    j["machine"] = {{"gpu", ceil.gpu_name}, {"sms", ceil.sm_count}, {"l2_mb", ceil.l2_mb}};
+    j["driver"] = ceil.driver_version;
+    j["commit"] = o.commit;
+    j["date"] = today();
+    j["ceilings"] = {{"copy_tb_s", ceil.copy_tb_s}, {"bf16_tflop_s", ceil.bf16_tflop_s}, {"fp8_tflop_s", ceil.fp8_tflop_s}};
+    j["protocol"] = {{"input_sets", kInputSets}, {"repeats", kRepeats}, {"timing", "CUDA graph replay, events, median"}};
+    for (const Row& r : rows)
+      j["rows"].push_back({{"shape", r.c.shape},
+                           {"tokens", r.c.tokens},
+                           {"mode", to_string(r.c.mode)},
+                           {"active_experts", r.active_experts},
+                           {"local_pairs", r.local_pairs},
+                           {"bytes", r.bytes},
+                           {"flops", r.flops},
+                           {"us", r.us_ids},
+                           {"us_with_routing", r.us_logits},
+                           {"tb_s", r.bytes / (r.us_ids * 1e-6) / 1e12},
+                           {"tflop_s", r.flops / (r.us_ids * 1e-6) / 1e12},
+                           {"floor_us", r.floor_us},
+                           {"floor_ratio", r.floor_ratio},
+                           {"spread_pct", r.spread_pct},
+                           {"baseline_us", r.baseline_us},
+                           {"speedup", r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0},
+                           {"baseline_rel_l2_vs_k3moe", r.baseline_rel_l2}});
+    std::ofstream(o.json) << j.dump(1) << "\n";
+    std::printf("\nwrote %s\n", o.json.c_str());
+  }
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "Benchmark the forward against the physical floor (PERF.md protocol)");
+  auto o = std::make_shared<Options>();
+  cmd->add_option("--suite", o->suite, "decode | prefill | all")->capture_default_str();
+  cmd->add_option("--shape", o->shape, "local28 | ep32 | ep16");
+  cmd->add_option("--tokens", o->tokens, "Token counts (with --shape: also outside the suite)");
+  cmd->add_option("--mode", o->mode, "a16 | mxfp8");
+  cmd->add_option("--json", o->json, "Write the rows, ceilings, device, commit and date as JSON");
+  cmd->add_option("--commit", o->commit, "The commit being measured (recorded in the JSON)");
+  cmd->add_flag("--no-baseline", o->no_baseline, "Skip the dequantize + cuBLASLt baseline");
+  cmd->callback([o] { bench(*o); });
+}
+
 }  // namespace k3moe::cli

@@ -1,0 +1,111 @@
+#include "bench_ceilings.h"
+
+#include <cublasLt.h>
+
+#include <cstdint>
+
+#include "bench_timing.h"
+#include "k3moe/error.h"
+#include "runtime/device_buffer.h"
+
+namespace k3moe::cli {
+namespace {
+
+#define K3MOE_CUBLAS_CHECK(call)                                                              \
+  do {                                                                                        \
+    const cublasStatus_t status_ = (call);                                                    \
+    if (status_ != CUBLAS_STATUS_SUCCESS) K3MOE_FAIL("cuBLASLt error ", int(status_), " in ", #call); \
+  } while (0)
+
+// Random finite values of the element type: bf16 with |x| in [2^-8, 2^2), or e4m3 codes with the
+// NaN codes avoided.
+__global__ void fill_random(void* data, int64_t elements, int element_bits, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < elements; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t h = (uint64_t(i) + seed) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 31;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 29;
+    if (element_bits == 16) {
+      static_cast<uint16_t*>(data)[i] = uint16_t(((h >> 20) & 0x8000) | ((119 + (h % 10)) << 7) | ((h >> 8) & 0x7F));
+    } else {
+      uint8_t code = uint8_t(h >> 24);
+      if ((code & 0x7F) == 0x7F) code ^= 1;
+      static_cast<uint8_t*>(data)[i] = code;
+    }
+  }
+}
+
+double copy_tb_s(cudaStream_t stream) {
+  const int64_t bytes = int64_t(4) << 30;
+  DeviceBuffer a(bytes), b(bytes);
+  fill_random<<<1024, 256, 0, stream>>>(a.get(), bytes, 8, 1);
+  const Timing t = time_ms(stream, 3, 20, [&](int) {
+    K3MOE_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  return 2.0 * double(bytes) / (t.median_ms * 1e-3) / 1e12;
+}
+
+double gemm_tflop_s(cublasLtHandle_t lt, cudaStream_t stream, bool fp8) {
+  const int64_t n = 8192;
+  const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  const int64_t in_bytes = n * n * (fp8 ? 1 : 2);
+  DeviceBuffer a(in_bytes), b(in_bytes), d(n * n * 2), workspace(64 << 20);
+  fill_random<<<1024, 256, 0, stream>>>(a.get(), n * n, fp8 ? 8 : 16, 2);
+  fill_random<<<1024, 256, 0, stream>>>(b.get(), n * n, fp8 ? 8 : 16, 3);
+  K3MOE_CUDA_CHECK(cudaGetLastError());
+
+  cublasLtMatmulDesc_t op;
+  K3MOE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;  // "TN": what fp8 requires
+  K3MOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transa, sizeof transa));
+  K3MOE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &transb, sizeof transb));
+  cublasLtMatrixLayout_t la, lb, ld;
+  K3MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, in_type, n, n, n));
+  K3MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, in_type, n, n, n));
+  K3MOE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, n, n));
+  cublasLtMatmulPreference_t pref;
+  K3MOE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws_bytes = size_t(workspace.bytes());
+  K3MOE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                          sizeof ws_bytes));
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  K3MOE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 1, &heuristic, &found));
+  K3MOE_CHECK(found > 0, "cuBLASLt has no ", fp8 ? "fp8" : "bf16", " GEMM algorithm for 8192^3");
+  const float alpha = 1.0f, beta = 0.0f;
+  const Timing t = time_ms(stream, 3, 20, [&](int) {
+    K3MOE_CUBLAS_CHECK(cublasLtMatmul(lt, op, &alpha, a.get(), la, b.get(), lb, &beta, d.get(), ld, d.get(), ld,
+                                      &heuristic.algo, workspace.get(), ws_bytes, stream));
+  });
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(ld);
+  cublasLtMatmulDescDestroy(op);
+  return 2.0 * double(n) * n * n / (t.median_ms * 1e-3) / 1e12;
+}
+
+}  // namespace
+
+Ceilings measure_ceilings(int device) {
+  DeviceGuard guard(device);
+  Ceilings c;
+  cudaDeviceProp prop{};
+  K3MOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  c.gpu_name = prop.name;
+  c.sm_count = prop.multiProcessorCount;
+  c.l2_mb = prop.l2CacheSize / 1e6;
+  K3MOE_CUDA_CHECK(cudaDriverGetVersion(&c.driver_version));
+  cudaStream_t stream;
+  K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasLtHandle_t lt;
+  K3MOE_CUBLAS_CHECK(cublasLtCreate(&lt));
+  c.copy_tb_s = copy_tb_s(stream);
+  c.bf16_tflop_s = gemm_tflop_s(lt, stream, false);
+  c.fp8_tflop_s = gemm_tflop_s(lt, stream, true);
+  cublasLtDestroy(lt);
+  cudaStreamDestroy(stream);
+  return c;
+}
+
+}  // namespace k3moe::cli
