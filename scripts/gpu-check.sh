@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# One command on the GPU machine: build (unless prebuilt binaries are given), run the GPU tests,
+# the validation matrix, the sanitizers and the benchmark; logs and JSON go to OUTDIR, and a
+# summary table is printed last.
+#
+#   scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps tests,validate,sanitize,bench] [--commit SHA]
+#
+# --bin DIR: a directory holding prebuilt `k3moe` and `k3moe_gpu_tests` (skips the build).
+# Without it, the build needs the DLPack header: either installed, or libdlpack-dev*.deb in .deps/
+# (unpacked into .deps/prefix, never into /).
+set -uo pipefail
+
+out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps LIST] [--commit SHA]}
+shift
+bin="" steps="tests,validate,sanitize,bench" commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bin) bin=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --commit) commit=$2; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+root=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONUNBUFFERED=1
+declare -a summary
+record() { summary+=("$(printf '%-28s %-6s %s' "$1" "$2" "$3")"); }
+want() { [[ ",$steps," == *",$1,"* ]]; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$out/nvidia-smi.csv" 2>&1
+echo "GPU: $(tail -n 1 "$out/nvidia-smi.csv")"
+
+if [ -z "$bin" ]; then
+  dlpack_args=()
+  if [ ! -f /usr/include/dlpack/dlpack.h ] && ls "$root"/.deps/libdlpack-dev*.deb >/dev/null 2>&1; then
+    mkdir -p "$root/.deps/prefix"
+    for deb in "$root"/.deps/*.deb; do dpkg -x "$deb" "$root/.deps/prefix"; done
+    dlpack_args=(-DDLPACK_INCLUDE_DIR="$root/.deps/prefix/usr/include")
+  fi
+  start=$(date +%s)
+  if cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release "${dlpack_args[@]}" > "$out/configure.log" 2>&1 &&
+     cmake --build "$root/build-gpu" -j "$(nproc)" > "$out/build.log" 2>&1; then
+    record build ok "$(( $(date +%s) - start )) s"
+  else
+    tail -n 30 "$out/configure.log" "$out/build.log"
+    record build FAIL "see build.log"
+    printf '%s\n' "${summary[@]}"
+    exit 1
+  fi
+  bin="$root/build-gpu/bin-links"
+  mkdir -p "$bin"
+  ln -sf "$root/build-gpu/tools/k3moe" "$bin/k3moe"
+  ln -sf "$root/build-gpu/tests/k3moe_gpu_tests" "$bin/k3moe_gpu_tests"
+fi
+k3moe="$bin/k3moe"
+status=0
+
+if want tests; then
+  start=$(date +%s)
+  "$bin/k3moe_gpu_tests" --gtest_output="json:$out/gpu_tests.json" > "$out/gpu_tests.log" 2>&1
+  rc=$?
+  counts=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu_tests.log" | tr '\n' ' ')
+  record "gpu tests" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$counts ($(( $(date +%s) - start )) s)"
+  [ $rc = 0 ] || { status=1; grep -E '^\[  FAILED' "$out/gpu_tests.log" | head -20; }
+fi
+
+if want validate; then
+  start=$(date +%s)
+  "$k3moe" validate --json "$out/validation.json" > "$out/validation.log" 2>&1
+  rc=$?
+  record "validate (full matrix)" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(tail -n 2 "$out/validation.log" | head -n 1) ($(( $(date +%s) - start )) s)"
+  [ $rc = 0 ] || { status=1; grep -E 'FAIL' "$out/validation.log" | head -20; }
+fi
+
+if want sanitize; then
+  for tool in memcheck racecheck synccheck; do
+    start=$(date +%s)
+    if [ $tool = memcheck ]; then filter=(--quick); else filter=(--quick --filter " 129 logits"); fi
+    compute-sanitizer --tool $tool --error-exitcode 3 --print-limit 20 "$k3moe" validate "${filter[@]}" \
+      > "$out/sanitize-$tool.log" 2>&1
+    rc=$?
+    verdict=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -n 1)
+    record "compute-sanitizer $tool" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$verdict ($(( $(date +%s) - start )) s)"
+    [ $rc = 0 ] || { status=1; tail -n 20 "$out/sanitize-$tool.log"; }
+  done
+fi
+
+if want bench; then
+  start=$(date +%s)
+  "$k3moe" bench --suite decode --commit "$commit" --json "$out/bench-decode.json" > "$out/bench-decode.log" 2>&1 &&
+  "$k3moe" bench --suite prefill --shape local28 --tokens 128 --commit "$commit" --json "$out/bench-prefill.json" \
+    > "$out/bench-prefill.log" 2>&1
+  rc=$?
+  record bench "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(( $(date +%s) - start )) s"
+  [ $rc = 0 ] || status=1
+  echo; cat "$out/bench-decode.log" "$out/bench-prefill.log" | grep -vE '^\s*generate|^\r' | tail -n 30
+fi
+
+echo
+echo "== summary (commit $commit) =="
+printf '%s\n' "${summary[@]}"
+exit $status
