@@ -1,5 +1,155 @@
-// placeholder: to be written
+// k3moe inspect DIR | FILE.safetensors: what a checkpoint holds and whether it is valid.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_common.h"
 #include "commands.h"
+#include "k3moe/checkpoint.h"
+#include "k3moe/error.h"
+#include "k3moe/safetensors.h"
+
 namespace k3moe::cli {
-void register_inspect(CLI::App& app) { app.add_subcommand("inspect", "(not written yet)"); }
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Options {
+  std::string path;
+  int ep_size = 1;
+  std::optional<int> layer;
+  bool json = false;
+};
+
+uint64_t fnv1a64(std::span<const uint8_t> bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
+  return h;
+}
+
+std::string hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+void inspect_file(const Options& o) {
+  const SafetensorsFile file = SafetensorsFile::open(o.path);
+  if (o.json) {
+    nlohmann::json out = {{"file", o.path}, {"metadata", file.metadata()}, {"tensors", nlohmann::json::array()}};
+    for (const TensorInfo& t : file.tensors())
+      out["tensors"].push_back({{"name", t.name},
+                                {"dtype", std::string(to_string(t.dtype))},
+                                {"shape", t.shape},
+                                {"data_offsets", {t.begin, t.end}},
+                                {"fnv1a64", hex64(fnv1a64(file.bytes(t)))}});
+    std::printf("%s\n", out.dump(1).c_str());
+    return;
+  }
+  std::printf("%s: %zu tensors, %s\n", o.path.c_str(), file.tensors().size(),
+              human_bytes(double(file.file_size())).c_str());
+  for (const auto& [key, value] : file.metadata()) std::printf("  metadata %s = %s\n", key.c_str(), value.c_str());
+  for (const TensorInfo& t : file.tensors())
+    std::printf("  %-60s %-7s %-16s [%llu, %llu)  fnv1a64 %s\n", t.name.c_str(), std::string(to_string(t.dtype)).c_str(),
+                t.shape_string().c_str(), static_cast<unsigned long long>(t.begin),
+                static_cast<unsigned long long>(t.end), hex64(fnv1a64(file.bytes(t))).c_str());
+}
+
+std::set<std::string> shard_files(const fs::path& dir) {
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (!fs::exists(index)) return {"model.safetensors"};
+  std::ifstream in(index);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  std::set<std::string> files;
+  if (j.is_object() && j.contains("weight_map") && j["weight_map"].is_object())
+    for (const auto& [name, file] : j["weight_map"].items())
+      if (file.is_string()) files.insert(file.get<std::string>());
+  return files;
+}
+
+std::string layer_list(const std::vector<int>& layers) {
+  std::string out;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(layers[i]) + (j > i ? ".." + std::to_string(layers[j]) : "");
+    i = j + 1;
+  }
+  return out.empty() ? "none" : out;
+}
+
+void inspect_dir(const Options& o) {
+  const Checkpoint ckpt = Checkpoint::open(o.path);
+  const MoeConfig& c = ckpt.config();
+  const ActivationParams& a = c.activation_params;
+  std::printf("checkpoint %s\n", o.path.c_str());
+  std::printf("  config      H %d  I %d  E %d  top-k %d  model hidden %d\n", c.hidden, c.intermediate,
+              c.num_experts, c.top_k, c.model_hidden);
+  std::printf("              activation %s (beta %g, beta_lin %g)  renormalize %s  routed scaling %g\n",
+              std::string(to_string(c.activation)).c_str(), a.situ_beta, a.situ_linear_beta,
+              c.renormalize ? "yes" : "no", c.routed_scaling_factor);
+  std::printf("              %s, %d bits, group %d\n", c.quant_format.c_str(), c.num_bits, c.group_size);
+  std::printf("              %d layers, first %d dense, MoE every %d (first MoE layer %d)\n", c.num_layers,
+              c.first_k_dense_replace, c.moe_layer_freq, c.first_moe_layer());
+  std::printf("  prefix      '%s'\n", ckpt.prefix().c_str());
+  std::printf("  shards      %d\n", ckpt.num_shards());
+  for (const std::string& f : shard_files(o.path)) {
+    std::error_code ec;
+    const auto size = fs::file_size(fs::path(o.path) / f, ec);
+    std::printf("              %-40s %s\n", f.c_str(), ec ? "(missing)" : human_bytes(double(size)).c_str());
+  }
+  const std::vector<int> layers = ckpt.moe_layers();
+  std::printf("  MoE layers  %s (with expert tensors)\n", layer_list(layers).c_str());
+  std::printf("  experts     %d per layer; per expert: W13 %s + W2 %s = %s\n", c.num_experts,
+              human_bytes(double(c.w13_bytes())).c_str(), human_bytes(double(c.w2_bytes())).c_str(),
+              human_bytes(double(c.expert_bytes())).c_str());
+
+  const ExpertParallel ep{o.ep_size, 0};
+  ep.validate(c.num_experts);
+  const int layer = o.layer ? *o.layer : (layers.empty() ? c.first_moe_layer() : layers.front());
+  std::printf("  EP %-4d     %d ranks x %d experts, %s per rank per layer (%llu bytes)\n", ep.size, ep.size,
+              ep.num_local(c.num_experts), human_bytes(double(c.expert_bytes()) * ep.num_local(c.num_experts)).c_str(),
+              static_cast<unsigned long long>(c.expert_bytes() * ep.num_local(c.num_experts)));
+  try {
+    std::printf("              layer %d rank 0 in the files: %llu bytes\n", layer,
+                static_cast<unsigned long long>(ckpt.rank_bytes(layer, ep)));
+  } catch (const Error& e) {
+    std::printf("              layer %d rank 0 in the files: unreadable (%s)\n", layer, e.message().c_str());
+  }
+
+  const std::vector<std::string> problems = ckpt.validate(o.layer);
+  const std::string scope = o.layer ? "layer " + std::to_string(*o.layer) : "all layers";
+  if (problems.empty()) {
+    std::printf("  validation  %s: valid\n", scope.c_str());
+    return;
+  }
+  std::printf("  validation  %s: INVALID, %zu problem line(s)\n", scope.c_str(), problems.size());
+  for (const std::string& p : problems) std::printf("    %s\n", p.c_str());
+  throw ExitCode{2};
+}
+
+}  // namespace
+
+void register_inspect(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "inspect", "Describe and validate a checkpoint directory, or list the tensors of one .safetensors file");
+  cmd->add_option("path", o->path, "Checkpoint directory or .safetensors file")->required();
+  cmd->add_option("--ep-size", o->ep_size, "Expert-parallel size for the per-rank byte counts")->capture_default_str();
+  cmd->add_option("--layer", o->layer, "Validate only this layer (default: every layer with experts)");
+  cmd->add_flag("--json", o->json, "For a .safetensors file: print the tensor list as JSON");
+  cmd->callback([o] {
+    if (fs::is_directory(o->path)) {
+      inspect_dir(*o);
+    } else {
+      inspect_file(*o);
+    }
+  });
+}
+
 }  // namespace k3moe::cli
