@@ -21,24 +21,45 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "k3moe/config.h"
 #include "k3moe/experts.h"
 
 namespace k3moe {
 
-// A rank's experts on one GPU, in the kernel layout (see src/kernels/expert_layout.cuh).
+// A rank's experts in the kernel layout (src/kernels/expert_layout.cuh): four byte tensors.
+// The codes of a group whose scale is NaN (255) are stored as zeros: the group decodes to NaN
+// whatever its codes were.
+struct KernelLayout {
+  std::vector<uint8_t> w13_codes, w13_scales, w2_codes, w2_scales;
+};
+struct KernelLayoutSizes {
+  int64_t w13_codes = 0, w13_scales = 0, w2_codes = 0, w2_scales = 0;  // bytes, all local experts
+};
+KernelLayoutSizes kernel_layout_sizes(const MoeConfig& config, ExpertParallel ep);
+// Reorders on the host. Throws k3moe::Error for a scale byte the kernels cannot represent exactly
+// (129..254, i.e. group scales above 2), naming tensor, expert, row and group.
+KernelLayout to_kernel_layout(const RankExperts& experts);
+RankExperts from_kernel_layout(const KernelLayout& layout, const MoeConfig& config, int layer, ExpertParallel ep);
+
+// A rank's experts on one GPU, in the kernel layout.
 class DeviceExperts {
  public:
-  // Reorders and uploads (synchronously). Throws k3moe::Error for a scale byte the kernels cannot
-  // represent exactly (129..254, i.e. group scales above 2), naming tensor, expert, row and group.
+  // Reorders (to_kernel_layout) and uploads, synchronously.
   static DeviceExperts upload(const RankExperts& experts, int device);
+  // A view of kernel-layout bytes already on `device` (e.g. framework tensors made from
+  // to_kernel_layout); the memory stays the caller's and must outlive the view.
+  struct Pointers {
+    const uint8_t *w13_codes = nullptr, *w13_scales = nullptr, *w2_codes = nullptr, *w2_scales = nullptr;
+  };
+  static DeviceExperts view(const MoeConfig& config, ExpertParallel ep, int layer, int device, Pointers pointers);
 
   DeviceExperts(DeviceExperts&&) noexcept;
   DeviceExperts& operator=(DeviceExperts&&) noexcept;
   ~DeviceExperts();
 
-  // Copies back and undoes the layout: equals the uploaded RankExperts' tensors (round-trip test).
+  // Copies back and undoes the layout (from_kernel_layout): the uploaded RankExperts' tensors.
   RankExperts download() const;
 
   const MoeConfig& config() const;
@@ -87,7 +108,8 @@ struct ForwardArgs {
 class MoePlan {
  public:
   // Validates the options, checks the device (compute capability 9.0 needed), picks kernels and
-  // allocates the workspace for max_tokens. Throws k3moe::Error.
+  // allocates the workspace for max_tokens (none when max_tokens is 0: then every forward needs
+  // a caller workspace). Throws k3moe::Error.
   static MoePlan create(const PlanOptions& options);
 
   MoePlan(MoePlan&&) noexcept;
@@ -96,7 +118,11 @@ class MoePlan {
 
   // Enqueues the forward on `stream`. Throws k3moe::Error (before enqueueing anything) on a
   // tensor of the wrong dtype, shape, device or layout, naming it with expected and actual.
-  void forward(const DeviceExperts& experts, const ForwardArgs& args, cudaStream_t stream) const;
+  // `workspace`: caller-provided device memory of at least workspace_bytes(T) bytes, 256-byte
+  // aligned (e.g. from a framework's allocator); nullptr uses the plan's own (sized for
+  // max_tokens at creation).
+  void forward(const DeviceExperts& experts, const ForwardArgs& args, cudaStream_t stream,
+               void* workspace = nullptr) const;
 
   // The routing stage alone: logits [T, E] fp32, bias [E] fp32 -> ids [T, K] int32, weights fp32.
   void route(const DLTensor& logits, const DLTensor& bias, DLTensor& ids, DLTensor& weights,
@@ -107,7 +133,8 @@ class MoePlan {
   void quantize_mxfp8(const DLTensor& x, DLTensor& codes, DLTensor& scales, cudaStream_t stream) const;
 
   const PlanOptions& options() const;
-  int64_t workspace_bytes() const;
+  int64_t workspace_bytes() const;  // the plan's own workspace (for max_tokens)
+  int64_t workspace_bytes(int tokens) const;
   // The kernels this plan runs for T tokens, one line each (the heuristic's choice).
   std::string describe(int tokens) const;
 

@@ -20,7 +20,7 @@ struct MatrixView {
 };
 
 template <class RowMap>
-void to_kernel_layout(const MatrixView& m, const uint8_t* packed, const uint8_t* scale, uint8_t* kcodes,
+void matrix_to_kernel(const MatrixView& m, const uint8_t* packed, const uint8_t* scale, uint8_t* kcodes,
                       uint8_t* kscales, RowMap source_row, int global_expert, const MoeConfig& config) {
   std::fill(kcodes, kcodes + int64_t(m.N) * m.K / 2, 0);
   for (int r = 0; r < m.N; ++r) {
@@ -28,6 +28,7 @@ void to_kernel_layout(const MatrixView& m, const uint8_t* packed, const uint8_t*
     const uint8_t* row_codes = packed + int64_t(src) * (m.K / 2);
     const uint8_t* row_scales = scale + int64_t(src) * (m.K / 32);
     for (int k = 0; k < m.K; ++k) {
+      if (row_scales[k / 32] == kE8M0NaN) continue;  // NOTE: a NaN group keeps zero codes (see KernelLayout)
       const layout::CodePosition pos = layout::code_position(r, k, m.K);
       kcodes[pos.byte] |= uint8_t(e2m1_nibble(row_codes[k / 2], k) << pos.shift);
     }
@@ -46,7 +47,7 @@ void to_kernel_layout(const MatrixView& m, const uint8_t* packed, const uint8_t*
 }
 
 template <class RowMap>
-void from_kernel_layout(const MatrixView& m, const uint8_t* kcodes, const uint8_t* kscales, uint8_t* packed,
+void matrix_from_kernel(const MatrixView& m, const uint8_t* kcodes, const uint8_t* kscales, uint8_t* packed,
                         uint8_t* scale, RowMap source_row) {
   for (int r = 0; r < m.N; ++r) {
     const int dst = source_row(r);
@@ -83,72 +84,109 @@ void for_each_expert(int num_local, Fn fn) {
 
 }  // namespace
 
-DeviceExperts DeviceExperts::upload(const RankExperts& experts, int device) {
+KernelLayoutSizes kernel_layout_sizes(const MoeConfig& c, ExpertParallel ep) {
+  const int64_t L = ep.num_local(c.num_experts), H = c.hidden, I = c.intermediate;
+  return {L * 2 * I * H / 2, L * 2 * I * H / 32, L * H * I / 2, L * H * I / 32};
+}
+
+KernelLayout to_kernel_layout(const RankExperts& experts) {
   experts.validate();
   const MoeConfig& c = experts.config;
-  K3MOE_CHECK(c.hidden % 128 == 0 && c.intermediate % 128 == 0,
-              "the kernels need H and I to be multiples of 128, got H = ", c.hidden, ", I = ", c.intermediate);
+  K3MOE_CHECK(c.hidden % layout::kBlockK == 0 && c.intermediate % layout::kBlockK == 0,
+              "the kernel layout needs H and I to be multiples of 64, got H = ", c.hidden, ", I = ", c.intermediate);
+  const KernelLayoutSizes sizes = kernel_layout_sizes(c, experts.ep);
+  KernelLayout out{std::vector<uint8_t>(sizes.w13_codes), std::vector<uint8_t>(sizes.w13_scales),
+                   std::vector<uint8_t>(sizes.w2_codes), std::vector<uint8_t>(sizes.w2_scales)};
+  const MatrixView w13{2 * c.intermediate, c.hidden, true}, w2{c.hidden, c.intermediate, false};
+  const int64_t w13_codes = int64_t(w13.N) * w13.K / 2, w13_scales = int64_t(w13.N) * w13.K / 32;
+  const int64_t w2_codes = int64_t(w2.N) * w2.K / 2, w2_scales = int64_t(w2.N) * w2.K / 32;
+  const int I = c.intermediate;
+  for_each_expert(experts.num_local, [&](int e) {
+    matrix_to_kernel(w13, experts.w13_packed.data() + e * w13_codes, experts.w13_scale.data() + e * w13_scales,
+                     out.w13_codes.data() + e * w13_codes, out.w13_scales.data() + e * w13_scales,
+                     [I](int r) { return layout::w13_checkpoint_row(r, I); }, experts.first_expert + e, c);
+    matrix_to_kernel(w2, experts.w2_packed.data() + e * w2_codes, experts.w2_scale.data() + e * w2_scales,
+                     out.w2_codes.data() + e * w2_codes, out.w2_scales.data() + e * w2_scales, [](int r) { return r; },
+                     experts.first_expert + e, c);
+  });
+  return out;
+}
+
+RankExperts from_kernel_layout(const KernelLayout& in, const MoeConfig& c, int layer, ExpertParallel ep) {
+  RankExperts out = RankExperts::allocate(c, layer, ep);
+  const KernelLayoutSizes sizes = kernel_layout_sizes(c, ep);
+  K3MOE_CHECK(int64_t(in.w13_codes.size()) == sizes.w13_codes && int64_t(in.w13_scales.size()) == sizes.w13_scales &&
+                  int64_t(in.w2_codes.size()) == sizes.w2_codes && int64_t(in.w2_scales.size()) == sizes.w2_scales,
+              "kernel layout buffers do not match the config (w13 codes ", in.w13_codes.size(), " bytes, expected ",
+              sizes.w13_codes, ")");
+  const MatrixView w13{2 * c.intermediate, c.hidden, true}, w2{c.hidden, c.intermediate, false};
+  const int64_t w13_codes = int64_t(w13.N) * w13.K / 2, w13_scales = int64_t(w13.N) * w13.K / 32;
+  const int64_t w2_codes = int64_t(w2.N) * w2.K / 2, w2_scales = int64_t(w2.N) * w2.K / 32;
+  const int I = c.intermediate;
+  for_each_expert(out.num_local, [&](int e) {
+    matrix_from_kernel(w13, in.w13_codes.data() + e * w13_codes, in.w13_scales.data() + e * w13_scales,
+                       out.w13_packed.data() + e * w13_codes, out.w13_scale.data() + e * w13_scales,
+                       [I](int r) { return layout::w13_checkpoint_row(r, I); });
+    matrix_from_kernel(w2, in.w2_codes.data() + e * w2_codes, in.w2_scales.data() + e * w2_scales,
+                       out.w2_packed.data() + e * w2_codes, out.w2_scale.data() + e * w2_scales,
+                       [](int r) { return r; });
+  });
+  return out;
+}
+
+DeviceExperts DeviceExperts::upload(const RankExperts& experts, int device) {
+  const KernelLayout host = to_kernel_layout(experts);
   auto impl = std::make_unique<Impl>();
-  impl->config = c;
+  impl->config = experts.config;
   impl->ep = experts.ep;
   impl->layer = experts.layer;
   impl->num_local = experts.num_local;
   impl->first_expert = experts.first_expert;
   impl->device = device;
-
-  const MatrixView w13{2 * c.intermediate, c.hidden, true}, w2{c.hidden, c.intermediate, false};
-  const int64_t w13_codes = int64_t(w13.N) * w13.K / 2, w13_scales = int64_t(w13.N) * w13.K / 32;
-  const int64_t w2_codes = int64_t(w2.N) * w2.K / 2, w2_scales = int64_t(w2.N) * w2.K / 32;
-  const int L = experts.num_local;
-  std::vector<uint8_t> host_w13c(L * w13_codes), host_w13s(L * w13_scales), host_w2c(L * w2_codes),
-      host_w2s(L * w2_scales);
-  const int I = c.intermediate;
-  for_each_expert(L, [&](int e) {
-    to_kernel_layout(w13, experts.w13_packed.data() + e * w13_codes, experts.w13_scale.data() + e * w13_scales,
-                     host_w13c.data() + e * w13_codes, host_w13s.data() + e * w13_scales,
-                     [I](int r) { return layout::w13_checkpoint_row(r, I); }, experts.first_expert + e, c);
-    to_kernel_layout(w2, experts.w2_packed.data() + e * w2_codes, experts.w2_scale.data() + e * w2_scales,
-                     host_w2c.data() + e * w2_codes, host_w2s.data() + e * w2_scales, [](int r) { return r; },
-                     experts.first_expert + e, c);
-  });
-
   DeviceGuard guard(device);
-  auto upload_bytes = [](const std::vector<uint8_t>& host) {
-    DeviceBuffer buffer(int64_t(host.size()));
-    K3MOE_CUDA_CHECK(cudaMemcpy(buffer.get(), host.data(), host.size(), cudaMemcpyHostToDevice));
-    return buffer;
-  };
-  impl->w13_codes = upload_bytes(host_w13c);
-  impl->w13_scales = upload_bytes(host_w13s);
-  impl->w2_codes = upload_bytes(host_w2c);
-  impl->w2_scales = upload_bytes(host_w2s);
+  const std::vector<uint8_t>* parts[] = {&host.w13_codes, &host.w13_scales, &host.w2_codes, &host.w2_scales};
+  int64_t total = 0;
+  for (auto* part : parts) total += (int64_t(part->size()) + 255) / 256 * 256;
+  impl->owned = DeviceBuffer(total);
+  const uint8_t** pointers[] = {&impl->data.w13_codes, &impl->data.w13_scales, &impl->data.w2_codes,
+                                &impl->data.w2_scales};
+  int64_t offset = 0;
+  for (int i = 0; i < 4; ++i) {
+    uint8_t* dst = impl->owned.get<uint8_t>() + offset;
+    K3MOE_CUDA_CHECK(cudaMemcpy(dst, parts[i]->data(), parts[i]->size(), cudaMemcpyHostToDevice));
+    *pointers[i] = dst;
+    offset += (int64_t(parts[i]->size()) + 255) / 256 * 256;
+  }
+  return DeviceExperts(std::move(impl));
+}
+
+DeviceExperts DeviceExperts::view(const MoeConfig& config, ExpertParallel ep, int layer, int device, Pointers p) {
+  config.validate();
+  ep.validate(config.num_experts);
+  K3MOE_CHECK(p.w13_codes && p.w13_scales && p.w2_codes && p.w2_scales, "DeviceExperts::view needs all four pointers");
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->ep = ep;
+  impl->layer = layer;
+  impl->num_local = ep.num_local(config.num_experts);
+  impl->first_expert = ep.first_expert(config.num_experts);
+  impl->device = device;
+  impl->data = p;
   return DeviceExperts(std::move(impl));
 }
 
 RankExperts DeviceExperts::download() const {
   const Impl& d = *impl_;
-  RankExperts out = RankExperts::allocate(d.config, d.layer, d.ep);
+  const KernelLayoutSizes sizes = kernel_layout_sizes(d.config, d.ep);
   DeviceGuard guard(d.device);
-  auto download_bytes = [](const DeviceBuffer& buffer) {
-    std::vector<uint8_t> host(size_t(buffer.bytes()));
-    K3MOE_CUDA_CHECK(cudaMemcpy(host.data(), buffer.get(), host.size(), cudaMemcpyDeviceToHost));
+  auto fetch = [](const uint8_t* src, int64_t bytes) {
+    std::vector<uint8_t> host(static_cast<size_t>(bytes));
+    K3MOE_CUDA_CHECK(cudaMemcpy(host.data(), src, host.size(), cudaMemcpyDeviceToHost));
     return host;
   };
-  const auto w13c = download_bytes(d.w13_codes), w13s = download_bytes(d.w13_scales);
-  const auto w2c = download_bytes(d.w2_codes), w2s = download_bytes(d.w2_scales);
-  const MoeConfig& c = d.config;
-  const MatrixView w13{2 * c.intermediate, c.hidden, true}, w2{c.hidden, c.intermediate, false};
-  const int64_t w13_codes = int64_t(w13.N) * w13.K / 2, w13_scales = int64_t(w13.N) * w13.K / 32;
-  const int64_t w2_codes = int64_t(w2.N) * w2.K / 2, w2_scales = int64_t(w2.N) * w2.K / 32;
-  const int I = c.intermediate;
-  for_each_expert(d.num_local, [&](int e) {
-    from_kernel_layout(w13, w13c.data() + e * w13_codes, w13s.data() + e * w13_scales,
-                       out.w13_packed.data() + e * w13_codes, out.w13_scale.data() + e * w13_scales,
-                       [I](int r) { return layout::w13_checkpoint_row(r, I); });
-    from_kernel_layout(w2, w2c.data() + e * w2_codes, w2s.data() + e * w2_scales, out.w2_packed.data() + e * w2_codes,
-                       out.w2_scale.data() + e * w2_scales, [](int r) { return r; });
-  });
-  return out;
+  const KernelLayout layout{fetch(d.data.w13_codes, sizes.w13_codes), fetch(d.data.w13_scales, sizes.w13_scales),
+                            fetch(d.data.w2_codes, sizes.w2_codes), fetch(d.data.w2_scales, sizes.w2_scales)};
+  return from_kernel_layout(layout, d.config, d.layer, d.ep);
 }
 
 DeviceExperts::DeviceExperts(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -163,7 +201,8 @@ int DeviceExperts::num_local() const { return impl_->num_local; }
 int DeviceExperts::first_expert() const { return impl_->first_expert; }
 int DeviceExperts::device() const { return impl_->device; }
 int64_t DeviceExperts::bytes() const {
-  return impl_->w13_codes.bytes() + impl_->w13_scales.bytes() + impl_->w2_codes.bytes() + impl_->w2_scales.bytes();
+  const KernelLayoutSizes s = kernel_layout_sizes(impl_->config, impl_->ep);
+  return s.w13_codes + s.w13_scales + s.w2_codes + s.w2_scales;
 }
 
 }  // namespace k3moe

@@ -10,10 +10,9 @@ struct DeviceExperts::Impl {
   MoeConfig config;
   ExpertParallel ep;
   int layer = 0, num_local = 0, first_expert = 0, device = 0;
-  DeviceBuffer w13_codes;   // [num_local, 2I/16, H/64, 512]
-  DeviceBuffer w13_scales;  // [num_local, 2I/16, H/64, 32]
-  DeviceBuffer w2_codes;    // [num_local, H/16, I/64, 512]
-  DeviceBuffer w2_scales;   // [num_local, H/16, I/64, 32]
+  // w13 codes [num_local, 2I/16, H/64, 512], scales [.., 32]; w2 codes [num_local, H/16, I/64, 512]...
+  Pointers data;
+  DeviceBuffer owned;  // empty for a view
 };
 
 }  // namespace k3moe

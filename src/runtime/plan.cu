@@ -32,9 +32,9 @@ struct Workspace {
   uint16_t* inter = nullptr;        // [T K, I] bf16
   float* y = nullptr;               // [T K, H] fp32
 
-  // With base == nullptr, only counts the bytes.
-  static int64_t carve(Workspace* w, char* base, const PlanOptions& o) {
-    const int64_t T = o.max_tokens, K = o.config.top_k, H = o.config.hidden, I = o.config.intermediate;
+  // Buffers for `tokens` tokens from `base`; with base == nullptr, only counts the bytes.
+  static int64_t carve(Workspace* w, char* base, const PlanOptions& o, int64_t tokens) {
+    const int64_t T = tokens, K = o.config.top_k, H = o.config.hidden, I = o.config.intermediate;
     const int64_t local = o.config.num_experts / o.ep.size;
     int64_t offset = 0;
     auto take = [&](auto*& ptr, int64_t bytes) {
@@ -113,12 +113,15 @@ MoePlan MoePlan::create(const PlanOptions& o) {
   DeviceGuard guard(o.device);
   kernels::configure_expert_gemm_kernels();
   kernels::configure_permute_kernel();
-  impl->workspace_buffer = DeviceBuffer(Workspace::carve(&impl->ws, nullptr, o));
-  Workspace::carve(&impl->ws, impl->workspace_buffer.get<char>(), o);
+  if (o.max_tokens > 0) {
+    impl->workspace_buffer = DeviceBuffer(Workspace::carve(&impl->ws, nullptr, o, o.max_tokens));
+    Workspace::carve(&impl->ws, impl->workspace_buffer.get<char>(), o, o.max_tokens);
+  }
   return MoePlan(std::move(impl));
 }
 
-void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cudaStream_t stream) const {
+void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cudaStream_t stream,
+                      void* workspace) const {
   const Impl& p = *impl_;
   const PlanOptions& o = p.options;
   const MoeConfig& c = o.config;
@@ -134,7 +137,9 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   K3MOE_CHECK(args.x != nullptr, "x must be given");
   K3MOE_CHECK(args.x->ndim == 2, "x must be [T, ", c.hidden, "], got ", describe_tensor(*args.x));
   const int64_t T = args.x->shape[0], H = c.hidden, K = c.top_k, E = c.num_experts;
-  K3MOE_CHECK(T <= o.max_tokens, "x has ", T, " tokens, the plan was created for at most ", o.max_tokens);
+  K3MOE_CHECK(workspace != nullptr || T <= o.max_tokens, "x has ", T, " tokens, the plan was created for at most ",
+              o.max_tokens, " (pass a workspace of workspace_bytes(", T, ") bytes for more)");
+  K3MOE_CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
   const bool x_prequantized = same_dtype(args.x->dtype, kU8);
   K3MOE_CHECK(!x_prequantized || o.mode == Mode::Mxfp8,
               "x is uint8 (pre-quantized MXFP8) but the plan's mode is ", to_string(o.mode));
@@ -153,7 +158,8 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   if (T == 0) return;
 
   DeviceGuard guard(o.device);
-  const Workspace& ws = p.ws;
+  Workspace ws = p.ws;
+  if (workspace) Workspace::carve(&ws, static_cast<char*>(workspace), o, T);
   int32_t* ids = args.topk_ids ? data_ptr<int32_t>(args.topk_ids) : ws.route_ids;
   float* weights = args.topk_weights ? data_ptr<float>(args.topk_weights) : ws.route_weights;
   if (from_logits) {
@@ -178,10 +184,10 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
                           stream);
 
   const KernelChoice choice = choose_kernels(c, int(T));
-  kernels::ExpertGemmArgs g1{w.w13_codes.get<uint8_t>(), w.w13_scales.get<uint8_t>(), x_act, ws.row_token,
+  kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token,
                              ws.expert_offset, p.num_local, 2 * c.intermediate, c.hidden, int(T)};
   kernels::launch_expert_gemm1(g1, {ws.inter, o.mode, o.activation, o.activation_params}, choice.token_tile, stream);
-  kernels::ExpertGemmArgs g2{w.w2_codes.get<uint8_t>(), w.w2_scales.get<uint8_t>(), ws.inter, nullptr,
+  kernels::ExpertGemmArgs g2{w.data.w2_codes, w.data.w2_scales, ws.inter, nullptr,
                              ws.expert_offset, p.num_local, c.hidden, c.intermediate, int(T)};
   kernels::launch_expert_gemm2(g2, ws.y, choice.token_tile, stream);
 
@@ -220,6 +226,10 @@ void MoePlan::quantize_mxfp8(const DLTensor& x, DLTensor& codes, DLTensor& scale
 
 const PlanOptions& MoePlan::options() const { return impl_->options; }
 int64_t MoePlan::workspace_bytes() const { return impl_->workspace_buffer.bytes(); }
+int64_t MoePlan::workspace_bytes(int tokens) const {
+  Workspace unused;
+  return Workspace::carve(&unused, nullptr, impl_->options, tokens);
+}
 
 std::string MoePlan::describe(int tokens) const {
   const PlanOptions& o = impl_->options;
