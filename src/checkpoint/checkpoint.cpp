@@ -114,6 +114,7 @@ struct Located {
 struct Checkpoint::Impl {
   std::filesystem::path dir;
   std::string index_label;  // the index (or single file), named in errors
+  bool single_file = false;
   MoeConfig config;
   std::string prefix;
   std::vector<std::string> shards;                 // file names, sorted
@@ -143,7 +144,8 @@ struct Checkpoint::Impl {
 
   Located locate(const std::string& name) const {
     const auto it = weight_map.find(name);
-    K3MOE_CHECK(it != weight_map.end(), index_label, ": tensor ", name, " missing (not in the weight map)");
+    K3MOE_CHECK(it != weight_map.end(), index_label, ": tensor ", name,
+                single_file ? " missing" : " missing (not in the weight map)");
     const SafetensorsFile* opened_file = nullptr;
     try {
       opened_file = &shard(it->second);
@@ -244,6 +246,7 @@ Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
     impl->read_index(dir / kIndexFile);
   } else if (std::filesystem::exists(dir / kSingleFile)) {
     impl->index_label = (dir / kSingleFile).string();
+    impl->single_file = true;
     impl->shards = {kSingleFile};
     const SafetensorsFile& file = impl->shard(0);
     for (const TensorInfo& t : file.tensors()) impl->weight_map.emplace(t.name, 0);
@@ -379,7 +382,8 @@ std::vector<std::string> Checkpoint::validate(std::optional<int> layer) const {
     layers = {*layer};
   }
   for (int l : layers) {
-    if (!c.is_moe_layer(l))
+    // Layers past num_hidden_layers are DeepSeek-style MTP layers: they may carry experts.
+    if (l < c.num_layers && !c.is_moe_layer(l))
       add(impl_->index_label + ": layer " + std::to_string(l) + " has expert tensors, but config.json makes " +
           "it a dense layer (num_hidden_layers " + std::to_string(c.num_layers) + ", first_k_dense_replace " +
           std::to_string(c.first_k_dense_replace) + ", moe_layer_freq " + std::to_string(c.moe_layer_freq) + ")");

@@ -35,10 +35,20 @@ void check_buffer(const BufferShape& shape, const std::vector<uint8_t>& buffer) 
               " uint8 (", shape.bytes(), " bytes), got ", buffer.size(), " bytes");
 }
 
+// What the buffer layout itself needs. The kernels' stricter rules (multiples of 64) are
+// MoeConfig::validate's; host-only users such as the reference may use smaller shapes.
+void check_layout(const MoeConfig& c) {
+  K3MOE_CHECK(c.hidden > 0 && c.hidden % 32 == 0, "RankExperts: hidden (H) must be a positive multiple of 32, got ",
+              c.hidden);
+  K3MOE_CHECK(c.intermediate > 0 && c.intermediate % 32 == 0,
+              "RankExperts: intermediate (I) must be a positive multiple of 32, got ", c.intermediate);
+  K3MOE_CHECK(c.num_experts >= 1, "RankExperts: num_experts must be >= 1, got ", c.num_experts);
+}
+
 }  // namespace
 
 RankExperts RankExperts::allocate(const MoeConfig& config, int layer, ExpertParallel ep) {
-  config.validate();
+  check_layout(config);
   ep.validate(config.num_experts);
   RankExperts r;
   r.config = config;
@@ -55,7 +65,7 @@ RankExperts RankExperts::allocate(const MoeConfig& config, int layer, ExpertPara
 }
 
 void RankExperts::validate() const {
-  config.validate();
+  check_layout(config);
   ep.validate(config.num_experts);
   K3MOE_CHECK(num_local == ep.num_local(config.num_experts), "RankExperts.num_local must be E / P = ",
               ep.num_local(config.num_experts), ", got ", num_local);

@@ -1,4 +1,4 @@
-// One CTA per token; each thread owns 4 consecutive outputs (16-byte loads of y).
+// One CTA per (token, 512 outputs); each thread owns 4 consecutive outputs (16-byte loads of y).
 #include "kernels/combine.cuh"
 
 #include "k3moe/formats.h"
@@ -19,7 +19,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineArgs a) {
     weights[threadIdx.x] = a.weights[int64_t(token) * a.top_k + threadIdx.x];
   }
   __syncthreads();
-  for (int h = threadIdx.x * 4; h < a.hidden; h += kThreads * 4) {
+  const int h = (blockIdx.y * kThreads + threadIdx.x) * 4;
+  if (h < a.hidden) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int k = 0; k < a.top_k; ++k) {
       const int32_t row = rows[k];
@@ -41,7 +42,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineArgs a) {
 
 void launch_combine(const CombineArgs& args, cudaStream_t stream) {
   if (args.tokens == 0) return;
-  combine_kernel<<<args.tokens, kThreads, 0, stream>>>(args);
+  const dim3 grid(args.tokens, (args.hidden + kThreads * 4 - 1) / (kThreads * 4));
+  combine_kernel<<<grid, kThreads, 0, stream>>>(args);
   K3MOE_CUDA_CHECK(cudaGetLastError());
 }
 

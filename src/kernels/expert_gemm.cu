@@ -37,8 +37,10 @@ struct Tile {
   static constexpr int kRowsPerCta = 16 * kRowBlocks;  // 256
   static constexpr int kChunkK = 128;
   static constexpr int kChunkBlocks = kChunkK / layout::kBlockK;
-  static constexpr int kStages = 4;
-  static constexpr int kMinBlocksPerSm = 2;  // what the shared-memory budget allows
+  // NOTE: three stages (~60 KB) let three CTAs share an SM at 8 and 16 tokens, where latency
+  // hiding needs warps; at 32 tokens the tile is larger and two CTAs with four stages fit.
+  static constexpr int kStages = kNT == 4 ? 4 : 3;
+  static constexpr int kMinBlocksPerSm = kNT == 4 ? 2 : 3;
   // NOTE: 16 bytes of padding per row keep the 8 rows an ldmatrix reads in distinct banks.
   static constexpr int kActStride = kChunkK + 8;  // bf16 elements
   static constexpr int kCodeBytes = kRowBlocks * kChunkBlocks * layout::kBlockCodeBytes;
@@ -57,21 +59,21 @@ struct Tile {
 
 enum class Epilogue { Activation, Fp32Rows };
 
-// Widened E2M1 pair p of a code word (layout: expert_layout.cuh) as bf16x2 of value * 2^-126:
-// the 3 magnitude bits land on bf16 bits 6..8 (exponent LSBs + mantissa MSB), the sign on bit 15.
-template <int p>
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t word) {
-  constexpr int s1 = 6 - 4 * p, s2 = 12 - 4 * p;
-  const uint32_t t1 = s1 >= 0 ? word << s1 : word >> -s1;
-  const uint32_t t2 = word << s2;
-  return (t1 & 0x01C001C0u) | (t2 & 0x80008000u);
+// The four bf16x2 A registers of one 16-k step, widened from the step's code word (bit placement:
+// expert_layout.cuh), each value * 2^-126.
+__device__ __forceinline__ void widen_codes(uint32_t w, uint32_t (&pairs)[4]) {
+  constexpr uint32_t kMask = 0x81C081C0u;  // bf16 bits 6..8 and 15 of both halves
+  pairs[0] = w & kMask;
+  pairs[1] = (w << 3) & kMask;
+  pairs[2] = (w << 6) & kMask;
+  pairs[3] = ((w >> 4) & 0x00400040u) | ((w >> 6) & 0x01800180u) | ((w << 4) & 0x80008000u);
 }
 
-// bf16x2 {2^(s-1), 2^(s-1)} from the stored exponent byte e = s + 126; e = 255 gives NaN.
+// bf16x2 {2^(s-1), 2^(s-1)} from byte `byte` (= s + 126) of a scale word: the byte copied into
+// both halves, then moved onto the exponent field. The NaN scale's byte 255 gives +Inf, and its
+// group's codes are zero (upload), so every weight of the group is 0 * Inf = NaN.
 __device__ __forceinline__ uint32_t scale_multiplier(uint32_t scale_word, int byte) {
-  const uint32_t e = (scale_word >> (8 * byte)) & 0xFFu;
-  const uint32_t h = (e << 7) | (e == 0xFFu ? 0x40u : 0u);
-  return h * 0x00010001u;
+  return __byte_perm(scale_word, 0u, 0x4040u | uint32_t(byte) | (uint32_t(byte) << 8)) << 7;
 }
 
 template <class T, Epilogue kEpi>
@@ -171,11 +173,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
 #pragma unroll
           for (int i = 0; i < T::kMTiles; ++i) {
             const uint32_t word = kk == 0 ? code[i].x : kk == 1 ? code[i].y : kk == 2 ? code[i].z : code[i].w;
-            const uint32_t m_lo = mult[i][(kk / 2) * 2], m_hi = mult[i][(kk / 2) * 2 + 1];
-            const uint32_t afrag[4] = {ptx::mul_bf16x2(dequant_pair<0>(word), m_lo),
-                                       ptx::mul_bf16x2(dequant_pair<1>(word), m_hi),
-                                       ptx::mul_bf16x2(dequant_pair<2>(word), m_lo),
-                                       ptx::mul_bf16x2(dequant_pair<3>(word), m_hi)};
+            const uint32_t m_row = mult[i][(kk / 2) * 2], m_row8 = mult[i][(kk / 2) * 2 + 1];
+            uint32_t pairs[4];
+            widen_codes(word, pairs);
+            const uint32_t afrag[4] = {ptx::mul_bf16x2(pairs[0], m_row), ptx::mul_bf16x2(pairs[1], m_row8),
+                                       ptx::mul_bf16x2(pairs[2], m_row), ptx::mul_bf16x2(pairs[3], m_row8)};
 #pragma unroll
             for (int q = 0; q < T::kNT; ++q) ptx::mma_bf16_16816(acc[i][q], afrag, bfrag[q][0], bfrag[q][1]);
           }

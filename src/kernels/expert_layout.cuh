@@ -9,14 +9,19 @@
 // m16n8k16 mma steps over the block's 64 k (bf16 A fragment of lane t: g = t/4, c = 2 (t%4);
 // a0,a1 = (row g, k c, c+1); a2,a3 = (row g+8, k c, c+1); a4,a5 = (row g, k c+8, c+9);
 // a6,a7 = (row g+8, k c+8, c+9)). Word kk (bytes 4kk..4kk+3) of the lane holds step kk's eight
-// codes: fragment pair p = (a_2p, a_2p+1) sits at nibbles p (a_2p) and p+4 (a_2p+1), so pair p is
-// widened to bf16x2 by two shifts and two masks (dequant_pair in expert_gemm.cu), no table.
-//
+// codes, i.e. the four register pairs p = (a_2p, a_2p+1), with the 32 code bits placed so that
+// few instructions widen each pair to bf16x2 (value * 2^-126: magnitude bits m0, e0, e1 on bf16
+// bits 6, 7, 8 and the sign on bit 15; the odd element 16 bits higher):
+//   pair 0: in place                    w & M                 (M = 0x81C081C0)
+//   pair 1: 3 bits lower                (w << 3) & M
+//   pair 2: 6 bits lower                (w << 6) & M
+//   pair 3: the 8 bits left: m0 4 higher, e0 e1 6 higher, sign 4 lower (three shift-masks).
 // Scales: 32 bytes per block, 4 per row-group g = t/4 at bytes 4g..4g+3:
 // (row g, k-group 0), (row g+8, k-group 0), (row g, k-group 1), (row g+8, k-group 1).
 // Each byte holds the bf16 biased exponent of 2^(s-1) (= s + 126), the multiplier that turns the
-// widened code (value * 2^-126) into value * 2^(s-127); s = 255 (NaN) stays 255 and multiplies as
-// NaN. That needs s <= 128 (group scales up to 2): upload rejects 129..254.
+// widened code (value * 2^-126) into value * 2^(s-127). s = 255 (NaN) stays 255, which widens to
+// +Inf; the upload stores such a group's codes as zeros, so its weights are 0 * Inf = NaN. That
+// needs s <= 128 (group scales up to 2): upload rejects 129..254.
 //
 // W13 rows are reordered so that a row block holds 8 gate rows then the 8 up rows of the same
 // outputs: kernel row r is gate row j (r%16 < 8) or up row I + j, with j = 8 (r/16) + r%8. An
@@ -41,19 +46,26 @@ K3MOE_HD constexpr int w13_checkpoint_row(int kernel_row, int intermediate) {
   return (kernel_row % 16) < 8 ? j : intermediate + j;
 }
 
-struct CodePosition {
-  int64_t byte;  // offset in the matrix's code bytes
-  int shift;     // 0: low nibble, 4: high nibble
+// Where the 4 bits of element (n, k)'s E2M1 code (bit 0 = m0, 1 = e0, 2 = e1, 3 = sign) are stored:
+// the byte offset of its 32-bit word (little-endian) in the matrix's code bytes, and each bit's
+// position in that word.
+struct CodeBits {
+  int64_t word_byte;
+  int bit[4];
 };
 
-K3MOE_HD constexpr CodePosition code_position(int n, int k, int K) {
+K3MOE_HD constexpr CodeBits code_bits(int n, int k, int K) {
   const int64_t block = int64_t(n / kBlockRows) * (K / kBlockK) + k / kBlockK;
   const int r = n % kBlockRows, c = k % kBlockK;
   const int kk = c / 16, cc = c % 16;
   const int lane = (r % 8) * 4 + (cc % 8) / 2;
   const int pair = (cc / 8) * 2 + r / 8;
-  const int nibble = pair + 4 * (cc % 2);
-  return {block * kBlockCodeBytes + lane * 16 + kk * 4 + nibble / 2, (nibble % 2) * 4};
+  const int half = cc % 2;  // the odd k of a pair sits 16 bits higher
+  constexpr int kTarget[4] = {6, 7, 8, 15};
+  constexpr int kShift[4][4] = {{0, 0, 0, 0}, {3, 3, 3, 3}, {6, 6, 6, 6}, {-4, -6, -6, 4}};
+  CodeBits out{block * kBlockCodeBytes + lane * 16 + kk * 4, {0, 0, 0, 0}};
+  for (int j = 0; j < 4; ++j) out.bit[j] = kTarget[j] + 16 * half - kShift[pair][j];
+  return out;
 }
 
 K3MOE_HD constexpr int64_t scale_position(int n, int k, int K) {

@@ -29,8 +29,10 @@ void matrix_to_kernel(const MatrixView& m, const uint8_t* packed, const uint8_t*
     const uint8_t* row_scales = scale + int64_t(src) * (m.K / 32);
     for (int k = 0; k < m.K; ++k) {
       if (row_scales[k / 32] == kE8M0NaN) continue;  // NOTE: a NaN group keeps zero codes (see KernelLayout)
-      const layout::CodePosition pos = layout::code_position(r, k, m.K);
-      kcodes[pos.byte] |= uint8_t(e2m1_nibble(row_codes[k / 2], k) << pos.shift);
+      const layout::CodeBits pos = layout::code_bits(r, k, m.K);
+      const uint8_t code = e2m1_nibble(row_codes[k / 2], k);
+      for (int j = 0; j < 4; ++j)
+        if (code >> j & 1) kcodes[pos.word_byte + pos.bit[j] / 8] |= uint8_t(1u << (pos.bit[j] % 8));
     }
     for (int group = 0; group < m.K / 32; ++group) {
       const uint8_t s = row_scales[group];
@@ -52,10 +54,11 @@ void matrix_from_kernel(const MatrixView& m, const uint8_t* kcodes, const uint8_
   for (int r = 0; r < m.N; ++r) {
     const int dst = source_row(r);
     uint8_t* row_codes = packed + int64_t(dst) * (m.K / 2);
-    for (int k = 0; k < m.K; k += 2) {
-      const layout::CodePosition even = layout::code_position(r, k, m.K);
-      const layout::CodePosition odd = layout::code_position(r, k + 1, m.K);
-      row_codes[k / 2] = pack_e2m1(uint8_t(kcodes[even.byte] >> even.shift), uint8_t(kcodes[odd.byte] >> odd.shift));
+    for (int k = 0; k < m.K; ++k) {
+      const layout::CodeBits pos = layout::code_bits(r, k, m.K);
+      uint8_t code = 0;
+      for (int j = 0; j < 4; ++j) code |= uint8_t((kcodes[pos.word_byte + pos.bit[j] / 8] >> (pos.bit[j] % 8) & 1) << j);
+      row_codes[k / 2] = (k % 2) ? uint8_t(row_codes[k / 2] | (code << 4)) : code;
     }
     for (int group = 0; group < m.K / 32; ++group)
       scale[int64_t(dst) * (m.K / 32) + group] =

@@ -5,23 +5,25 @@
 #include <set>
 #include <vector>
 
+#include "k3moe/formats.h"
 #include "kernels/expert_layout.cuh"
 
 namespace k3moe::layout {
 namespace {
 
-TEST(ExpertLayout, CodePositionsAreABijectionOntoTheBlockBytes) {
+TEST(ExpertLayout, CodeBitsAreABijectionOntoTheBlockBits) {
   const int N = 32, K = 128;
-  std::vector<int> uses(N * K / 2 * 2, 0);  // (byte, nibble)
+  std::vector<int> uses(N * K / 2 * 8, 0);
   for (int n = 0; n < N; ++n)
     for (int k = 0; k < K; ++k) {
-      const CodePosition p = code_position(n, k, K);
-      ASSERT_GE(p.byte, 0);
-      ASSERT_LT(p.byte, N * K / 2);
-      ASSERT_TRUE(p.shift == 0 || p.shift == 4);
-      ++uses[p.byte * 2 + p.shift / 4];
+      const CodeBits p = code_bits(n, k, K);
+      ASSERT_EQ(p.word_byte % 4, 0);
       // The element lives in its own 16-row x 64-k block.
-      EXPECT_EQ(p.byte / kBlockCodeBytes, (n / 16) * (K / 64) + k / 64);
+      EXPECT_EQ(p.word_byte / kBlockCodeBytes, (n / 16) * (K / 64) + k / 64);
+      for (int j = 0; j < 4; ++j) {
+        ASSERT_TRUE(p.bit[j] >= 0 && p.bit[j] < 32) << p.bit[j];
+        ++uses[p.word_byte * 8 + p.bit[j]];
+      }
     }
   for (int u : uses) EXPECT_EQ(u, 1);
 }
@@ -31,11 +33,42 @@ TEST(ExpertLayout, LaneHoldsItsMmaFragment) {
   const int K = 64;
   for (int n = 0; n < 16; ++n)
     for (int k = 0; k < K; ++k) {
-      const int lane = int(code_position(n, k, K).byte % kBlockCodeBytes) / 16;
+      const CodeBits p = code_bits(n, k, K);
+      const int lane = int(p.word_byte % kBlockCodeBytes) / 16;
       EXPECT_EQ(lane / 4, n % 8);
       EXPECT_EQ(lane % 4, (k % 8) / 2);
-      EXPECT_EQ(int(code_position(n, k, K).byte % 16) / 4, (k % 64) / 16) << "word = 16-k step";
+      EXPECT_EQ(int(p.word_byte % 16) / 4, (k % 64) / 16) << "word = 16-k step";
     }
+}
+
+// The kernel's widening (expert_gemm.cu widen_codes), restated: pair p of a word as bf16x2 bits.
+uint32_t widen_pair(uint32_t w, int p) {
+  constexpr uint32_t kMask = 0x81C081C0u;
+  switch (p) {
+    case 0: return w & kMask;
+    case 1: return (w << 3) & kMask;
+    case 2: return (w << 6) & kMask;
+    default: return ((w >> 4) & 0x00400040u) | ((w >> 6) & 0x01800180u) | ((w << 4) & 0x80008000u);
+  }
+}
+
+TEST(ExpertLayout, WideningGivesEveryCodeTimesTwoToTheMinus126) {
+  // Every code in every slot of a word: the widened bf16 must be e2m1(code) * 2^-126, and the
+  // other seven slots must not leak into it.
+  for (int slot = 0; slot < 8; ++slot)
+    for (int code = 0; code < 16; ++code)
+      for (uint32_t background : {0u, 0xFFFFFFFFu}) {
+        const int pair = slot / 2, half = slot % 2;
+        // Element slot -> (n, k) inside a 16 x 64 block, lane 0, word 0: pair p = (cc/8)*2 + r/8.
+        const int n = (pair % 2) * 8, k = (pair / 2) * 8 + half;
+        const CodeBits p = code_bits(n, k, 64);
+        uint32_t w = background;
+        for (int j = 0; j < 4; ++j) w = (w & ~(1u << p.bit[j])) | (uint32_t(code >> j & 1) << p.bit[j]);
+        const uint32_t bf16x2 = widen_pair(w, pair);
+        const uint16_t bits = uint16_t(bf16x2 >> (16 * half));
+        const float value = bf16_bits_to_float(bits) * 0x1p126f;
+        EXPECT_EQ(value, e2m1_to_float(uint8_t(code))) << "slot " << slot << " code " << code;
+      }
 }
 
 TEST(ExpertLayout, ScalePositionsAreABijection) {
