@@ -1,4 +1,4 @@
-// One CTA of 32 warps. Warp w owns a contiguous range of slots. Pass 1 counts, per warp and local
+// One CTA (4 warps for a few slots, 32 for many). Warp w owns a contiguous range of slots. Pass 1 counts, per warp and local
 // expert, the warp's slots (a round of 32 slots groups equal experts with match_any). The counts
 // are turned into each (warp, expert)'s first row: a prefix over warps per expert, plus the
 // expert's offset from a block-wide scan. Pass 2 walks the same slots again and hands out rows:
@@ -13,8 +13,8 @@
 namespace k3moe::kernels {
 namespace {
 
-constexpr int kThreads = 1024;
-constexpr int kWarps = kThreads / 32;
+constexpr int kSmallThreads = 128, kLargeThreads = 1024;
+constexpr int kSmallSlots = 4096;  // up to here 4 warps beat 32 (fewer barriers and prefix steps)
 
 __device__ __forceinline__ int local_expert(const PermuteArgs& a, int64_t slot, int64_t end) {
   if (slot >= end) return -1;
@@ -22,7 +22,10 @@ __device__ __forceinline__ int local_expert(const PermuteArgs& a, int64_t slot, 
   return (id >= a.first_expert && id < a.first_expert + a.num_local) ? id - a.first_expert : -1;
 }
 
+template <int kThreads>
 __global__ void __launch_bounds__(kThreads) permute_kernel(PermuteArgs a) {
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kExpertsPerThread = kPermuteMaxLocalExperts / kThreads;
   extern __shared__ int32_t next_row[];  // [kWarps][num_local]
   using Scan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
@@ -43,23 +46,32 @@ __global__ void __launch_bounds__(kThreads) permute_kernel(PermuteArgs a) {
   }
   __syncthreads();
 
-  // Per expert: exclusive prefix over warps, then the experts' offsets.
-  const int e = threadIdx.x;
-  int32_t total = 0;
-  if (e < a.num_local) {
-    for (int w = 0; w < kWarps; ++w) {
-      const int32_t c = next_row[w * a.num_local + e];
-      next_row[w * a.num_local + e] = total;
-      total += c;
+  // Per expert: exclusive prefix over warps, then the experts' offsets (thread t owns experts
+  // t * kExpertsPerThread + i, the blocked arrangement of the scan).
+  int32_t total[kExpertsPerThread], offset[kExpertsPerThread];
+#pragma unroll
+  for (int i = 0; i < kExpertsPerThread; ++i) {
+    const int e = threadIdx.x * kExpertsPerThread + i;
+    total[i] = 0;
+    if (e < a.num_local) {
+      for (int w = 0; w < kWarps; ++w) {
+        const int32_t c = next_row[w * a.num_local + e];
+        next_row[w * a.num_local + e] = total[i];
+        total[i] += c;
+      }
     }
   }
-  int32_t offset = 0, all_rows = 0;
+  int32_t all_rows = 0;
   Scan(scan_storage).ExclusiveSum(total, offset, all_rows);
-  if (e < a.num_local) {
-    a.expert_offset[e] = offset;
-    for (int w = 0; w < kWarps; ++w) next_row[w * a.num_local + e] += offset;
+#pragma unroll
+  for (int i = 0; i < kExpertsPerThread; ++i) {
+    const int e = threadIdx.x * kExpertsPerThread + i;
+    if (e < a.num_local) {
+      a.expert_offset[e] = offset[i];
+      for (int w = 0; w < kWarps; ++w) next_row[w * a.num_local + e] += offset[i];
+    }
   }
-  if (e == 0) a.expert_offset[a.num_local] = all_rows;
+  if (threadIdx.x == 0) a.expert_offset[a.num_local] = all_rows;
   __syncthreads();
 
   for (int64_t base = begin; base < end; base += 32) {
@@ -78,17 +90,21 @@ __global__ void __launch_bounds__(kThreads) permute_kernel(PermuteArgs a) {
   }
 }
 
-int smem_bytes(int num_local) { return kWarps * num_local * int(sizeof(int32_t)); }
+int smem_bytes(int threads, int num_local) { return threads / 32 * num_local * int(sizeof(int32_t)); }
 
 }  // namespace
 
 void configure_permute_kernel() {
-  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(permute_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        smem_bytes(kPermuteMaxLocalExperts)));
+  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(permute_kernel<kLargeThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem_bytes(kLargeThreads, kPermuteMaxLocalExperts)));
 }
 
 void launch_permute(const PermuteArgs& args, cudaStream_t stream) {
-  permute_kernel<<<1, kThreads, smem_bytes(args.num_local), stream>>>(args);
+  if (int64_t(args.tokens) * args.top_k <= kSmallSlots) {
+    permute_kernel<kSmallThreads><<<1, kSmallThreads, smem_bytes(kSmallThreads, args.num_local), stream>>>(args);
+  } else {
+    permute_kernel<kLargeThreads><<<1, kLargeThreads, smem_bytes(kLargeThreads, args.num_local), stream>>>(args);
+  }
   K3MOE_CUDA_CHECK(cudaGetLastError());
 }
 
