@@ -92,6 +92,26 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
   const uint8_t* codes = a.codes + int64_t(expert) * n_blocks * k_blocks * layout::kBlockCodeBytes;
   const uint8_t* scales = a.scales + int64_t(expert) * n_blocks * k_blocks * layout::kBlockScaleBytes;
 
+  // Each thread copies the same weight pieces in every chunk, kThreads / kPiecesPerBlockRow row
+  // blocks apart: resolve their sources once.
+  constexpr int kCodePieces = T::kCodeBytes / 16, kPiecesPerBlockRow = kCodePieces / T::kRowBlocks;
+  constexpr int kCodeIters = kCodePieces / T::kThreads;
+  static_assert(kCodeIters * T::kThreads == kCodePieces && T::kThreads % kPiecesPerBlockRow == 0);
+  const int my_block_row = threadIdx.x / kPiecesPerBlockRow;
+  const uint8_t* code_src = codes + int64_t(nb0 + my_block_row) * k_blocks * layout::kBlockCodeBytes +
+                            (threadIdx.x % kPiecesPerBlockRow) * 16;
+  const int64_t code_step = int64_t(T::kThreads / kPiecesPerBlockRow) * k_blocks * layout::kBlockCodeBytes;
+  uint32_t code_valid = 0;
+#pragma unroll
+  for (int it = 0; it < kCodeIters; ++it)
+    code_valid |= uint32_t(nb0 + my_block_row + it * (T::kThreads / kPiecesPerBlockRow) < n_blocks) << it;
+  constexpr int kScalePieces = T::kScaleBytes / 16, kScalePiecesPerBlockRow = kScalePieces / T::kRowBlocks;
+  static_assert(kScalePieces <= T::kThreads);
+  const int scale_block_row = nb0 + int(threadIdx.x) / kScalePiecesPerBlockRow;
+  const bool scale_valid = threadIdx.x < kScalePieces && scale_block_row < n_blocks;
+  const uint8_t* scale_src = scales + int64_t(scale_block_row) * k_blocks * layout::kBlockScaleBytes +
+                             (threadIdx.x % kScalePiecesPerBlockRow) * 16;
+
   for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     const int tile_row0 = begin + tile * T::kTokens;
     const int tile_count = min(T::kTokens, count - tile * T::kTokens);
@@ -115,20 +135,17 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
       uint8_t* s_codes = smem + stage * T::kStageBytes;
       uint8_t* s_scales = s_codes + T::kCodeBytes;
       uint16_t* s_act = reinterpret_cast<uint16_t*>(s_scales + T::kScaleBytes);
-      constexpr int kCodePieces = T::kCodeBytes / 16, kPiecesPerBlockRow = kCodePieces / T::kRowBlocks;
-      for (int i = threadIdx.x; i < kCodePieces; i += T::kThreads) {
-        const int nb = nb0 + i / kPiecesPerBlockRow;
-        const int64_t offset = (int64_t(nb) * k_blocks + chunk * T::kChunkBlocks) * layout::kBlockCodeBytes +
-                               (i % kPiecesPerBlockRow) * 16;
-        ptx::cp_async_16(s_codes + i * 16, nb < n_blocks ? codes + offset : codes, nb < n_blocks ? 16 : 0);
+      const int64_t chunk_codes = int64_t(chunk) * T::kChunkBlocks * layout::kBlockCodeBytes;
+#pragma unroll
+      for (int it = 0; it < kCodeIters; ++it) {
+        const bool valid = (code_valid >> it) & 1;
+        ptx::cp_async_16(s_codes + (threadIdx.x + it * T::kThreads) * 16,
+                         valid ? code_src + it * code_step + chunk_codes : codes, valid ? 16 : 0);
       }
-      constexpr int kScalePieces = T::kScaleBytes / 16, kScalePiecesPerBlockRow = kScalePieces / T::kRowBlocks;
-      for (int i = threadIdx.x; i < kScalePieces; i += T::kThreads) {
-        const int nb = nb0 + i / kScalePiecesPerBlockRow;
-        const int64_t offset = (int64_t(nb) * k_blocks + chunk * T::kChunkBlocks) * layout::kBlockScaleBytes +
-                               (i % kScalePiecesPerBlockRow) * 16;
-        ptx::cp_async_16(s_scales + i * 16, nb < n_blocks ? scales + offset : scales, nb < n_blocks ? 16 : 0);
-      }
+      if (threadIdx.x < kScalePieces)
+        ptx::cp_async_16(s_scales + threadIdx.x * 16,
+                         scale_valid ? scale_src + int64_t(chunk) * T::kChunkBlocks * layout::kBlockScaleBytes : scales,
+                         scale_valid ? 16 : 0);
 #pragma unroll
       for (int i = 0; i < kActPieces; ++i) {
         const int piece = threadIdx.x + i * T::kThreads;
