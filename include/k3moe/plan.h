@@ -86,6 +86,10 @@ struct PlanOptions {
   ActivationParams activation_params;  // normally config.activation_params
   ExpertParallel ep;
   int device = 0;
+  // Tuning overrides (0: the heuristic's choice, src/runtime/heuristics.h): how many ranges K of
+  // GEMM1 / GEMM2 is split into, clamped to [1, K/128].
+  int gemm1_splits = 0;
+  int gemm2_splits = 0;
 };
 
 // Tensors of one forward. Shapes: T tokens, H hidden, K top-k, E global experts.

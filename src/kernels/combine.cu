@@ -10,7 +10,7 @@ namespace {
 
 constexpr int kThreads = 128;
 
-__global__ void __launch_bounds__(kThreads) combine_kernel(CombineArgs a) {
+__global__ void __launch_bounds__(kThreads, 4) combine_kernel(CombineArgs a) {
   __shared__ int32_t rows[kRoutingMaxTopK];
   __shared__ float weights[kRoutingMaxTopK];
   const int token = blockIdx.x;
@@ -26,7 +26,14 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineArgs a) {
       const int32_t row = rows[k];
       if (row < 0) continue;
       const float w = weights[k];
-      const float4 v = *reinterpret_cast<const float4*>(a.y + int64_t(row) * a.hidden + h);
+      float4 v = *reinterpret_cast<const float4*>(a.y + int64_t(row) * a.hidden + h);
+      for (int s = 1; s < a.splits; ++s) {
+        const float4 p = *reinterpret_cast<const float4*>(a.y + s * a.split_stride + int64_t(row) * a.hidden + h);
+        v.x += p.x;
+        v.y += p.y;
+        v.z += p.z;
+        v.w += p.w;
+      }
       acc.x = fmaf(w, v.x, acc.x);
       acc.y = fmaf(w, v.y, acc.y);
       acc.z = fmaf(w, v.z, acc.z);

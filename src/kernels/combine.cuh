@@ -1,5 +1,5 @@
 // Combine: out[t] = sum over slots k, in slot order, of w[t, k] * y[row(t, k)], fp32 fma, stored
-// bf16. Slots without a local row add nothing; a token without any gets zeros. No atomics, so the
+// bf16, where y is the sum of GEMM2's K splits in split order. Slots without a local row add nothing; a token without any gets zeros. No atomics, so the
 // result is bitwise reproducible.
 #pragma once
 
@@ -10,7 +10,9 @@
 namespace k3moe::kernels {
 
 struct CombineArgs {
-  const float* y = nullptr;           // [rows, H]
+  const float* y = nullptr;           // [splits][rows, H]
+  int64_t split_stride = 0;           // elements between splits
+  int splits = 1;
   const int32_t* slot_row = nullptr;  // [T, K]
   const float* weights = nullptr;     // [T, K]
   uint16_t* out = nullptr;            // [T, H] bf16

@@ -57,7 +57,7 @@ struct Tile {
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one SM");
 };
 
-enum class Epilogue { Activation, Fp32Rows };
+enum class Epilogue { Activation, GateUpRows, Rows };
 
 // The four bf16x2 A registers of one 16-k step, widened from the step's code word (bit placement:
 // expert_layout.cuh), each value * 2^-126.
@@ -76,45 +76,77 @@ __device__ __forceinline__ uint32_t scale_multiplier(uint32_t scale_word, int by
   return __byte_perm(scale_word, 0u, 0x4040u | uint32_t(byte) | (uint32_t(byte) << 8)) << 7;
 }
 
+// The unit a CTA works on, decoded from its index (see ExpertGemmArgs).
+struct Unit {
+  int expert, row0, tile_row0, tile_count, chunk_begin, chunk_end, split;
+};
+
+template <class T>
+__device__ __forceinline__ Unit decode_unit(const ExpertGemmArgs& a, int u, int total_tiles, int num_active) {
+  const int tile_g = u % total_tiles, rest = u / total_tiles;
+  Unit unit;
+  unit.split = rest % a.splits;
+  unit.row0 = (rest / a.splits) * T::kRowsPerCta;
+  int lo = 0, hi = num_active - 1;  // the active expert whose tiles hold tile_g
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.tile_offset[mid] <= tile_g) lo = mid;
+    else hi = mid - 1;
+  }
+  unit.expert = a.active_experts[lo];
+  const int tile = tile_g - a.tile_offset[lo];
+  const int begin = a.expert_offset[unit.expert], count = a.expert_offset[unit.expert + 1] - begin;
+  unit.tile_row0 = begin + tile * T::kTokens;
+  unit.tile_count = min(T::kTokens, count - tile * T::kTokens);
+  const int chunks = a.K / T::kChunkK;
+  unit.chunk_begin = unit.split * chunks / a.splits;
+  unit.chunk_end = (unit.split + 1) * chunks / a.splits;
+  return unit;
+}
+
 template <class T, Epilogue kEpi>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
-    expert_gemm_kernel(ExpertGemmArgs a, Gemm1Epilogue epi1, float* y) {
+    expert_gemm_kernel(ExpertGemmArgs a, GemmOutput out) {
   extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int s_unit;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int expert = blockIdx.z;
-  const int row0 = blockIdx.y * T::kRowsPerCta;
-  const int nb0 = row0 / layout::kBlockRows;
   const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
-  const int begin = a.expert_offset[expert];
-  const int count = a.expert_offset[expert + 1] - begin;
-  const int num_tiles = (count + T::kTokens - 1) / T::kTokens;
-  const int num_chunks = a.K / T::kChunkK;
-  const uint8_t* codes = a.codes + int64_t(expert) * n_blocks * k_blocks * layout::kBlockCodeBytes;
-  const uint8_t* scales = a.scales + int64_t(expert) * n_blocks * k_blocks * layout::kBlockScaleBytes;
+  const int num_active = *a.num_active;
+  const int total_tiles = num_active > 0 ? a.tile_offset[num_active] : 0;
+  const int row_blocks = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
+  const int num_units = total_tiles * row_blocks * a.splits;
 
-  // Each thread copies the same weight pieces in every chunk, kThreads / kPiecesPerBlockRow row
-  // blocks apart: resolve their sources once.
-  constexpr int kCodePieces = T::kCodeBytes / 16, kPiecesPerBlockRow = kCodePieces / T::kRowBlocks;
-  constexpr int kCodeIters = kCodePieces / T::kThreads;
-  static_assert(kCodeIters * T::kThreads == kCodePieces && T::kThreads % kPiecesPerBlockRow == 0);
-  const int my_block_row = threadIdx.x / kPiecesPerBlockRow;
-  const uint8_t* code_src = codes + int64_t(nb0 + my_block_row) * k_blocks * layout::kBlockCodeBytes +
-                            (threadIdx.x % kPiecesPerBlockRow) * 16;
-  const int64_t code_step = int64_t(T::kThreads / kPiecesPerBlockRow) * k_blocks * layout::kBlockCodeBytes;
-  uint32_t code_valid = 0;
+  for (;;) {
+    __syncthreads();  // the previous unit is done with s_unit and the staging area
+    if (threadIdx.x == 0) s_unit = atomicAdd(a.unit_counter, 1);
+    __syncthreads();
+    const int u = s_unit;
+    if (u >= num_units) break;
+    const Unit unit = decode_unit<T>(a, u, total_tiles, num_active);
+    const int row0 = unit.row0, nb0 = row0 / layout::kBlockRows;
+    const int tile_row0 = unit.tile_row0, tile_count = unit.tile_count;
+    const uint8_t* codes = a.codes + int64_t(unit.expert) * n_blocks * k_blocks * layout::kBlockCodeBytes;
+    const uint8_t* scales = a.scales + int64_t(unit.expert) * n_blocks * k_blocks * layout::kBlockScaleBytes;
+
+    // Each thread copies the same weight pieces in every chunk, kThreads / kPiecesPerBlockRow row
+    // blocks apart: resolve their sources once.
+    constexpr int kCodePieces = T::kCodeBytes / 16, kPiecesPerBlockRow = kCodePieces / T::kRowBlocks;
+    constexpr int kCodeIters = kCodePieces / T::kThreads;
+    static_assert(kCodeIters * T::kThreads == kCodePieces && T::kThreads % kPiecesPerBlockRow == 0);
+    const int my_block_row = threadIdx.x / kPiecesPerBlockRow;
+    const uint8_t* code_src = codes + int64_t(nb0 + my_block_row) * k_blocks * layout::kBlockCodeBytes +
+                              (threadIdx.x % kPiecesPerBlockRow) * 16;
+    const int64_t code_step = int64_t(T::kThreads / kPiecesPerBlockRow) * k_blocks * layout::kBlockCodeBytes;
+    uint32_t code_valid = 0;
 #pragma unroll
-  for (int it = 0; it < kCodeIters; ++it)
-    code_valid |= uint32_t(nb0 + my_block_row + it * (T::kThreads / kPiecesPerBlockRow) < n_blocks) << it;
-  constexpr int kScalePieces = T::kScaleBytes / 16, kScalePiecesPerBlockRow = kScalePieces / T::kRowBlocks;
-  static_assert(kScalePieces <= T::kThreads);
-  const int scale_block_row = nb0 + int(threadIdx.x) / kScalePiecesPerBlockRow;
-  const bool scale_valid = threadIdx.x < kScalePieces && scale_block_row < n_blocks;
-  const uint8_t* scale_src = scales + int64_t(scale_block_row) * k_blocks * layout::kBlockScaleBytes +
-                             (threadIdx.x % kScalePiecesPerBlockRow) * 16;
-
-  for (int tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
-    const int tile_row0 = begin + tile * T::kTokens;
-    const int tile_count = min(T::kTokens, count - tile * T::kTokens);
+    for (int it = 0; it < kCodeIters; ++it)
+      code_valid |= uint32_t(nb0 + my_block_row + it * (T::kThreads / kPiecesPerBlockRow) < n_blocks) << it;
+    constexpr int kScalePieces = T::kScaleBytes / 16, kScalePiecesPerBlockRow = kScalePieces / T::kRowBlocks;
+    static_assert(kScalePieces <= T::kThreads);
+    const int scale_block_row = nb0 + int(threadIdx.x) / kScalePiecesPerBlockRow;
+    const bool scale_valid = threadIdx.x < kScalePieces && scale_block_row < n_blocks;
+    const uint8_t* scale_src = scales + int64_t(scale_block_row) * k_blocks * layout::kBlockScaleBytes +
+                               (threadIdx.x % kScalePiecesPerBlockRow) * 16;
 
     // Each thread copies the same token-row pieces in every chunk: resolve their sources once.
     constexpr int kActPieces = T::kTokens * (T::kChunkK / 8) / T::kThreads;
@@ -202,18 +234,19 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
       }
     };
 
+    const int num_chunks = unit.chunk_end - unit.chunk_begin;
 #pragma unroll
     for (int s = 0; s < T::kStages - 1; ++s) {
-      if (s < num_chunks) load_chunk(s, s);
+      if (s < num_chunks) load_chunk(unit.chunk_begin + s, s);
       ptx::cp_async_commit();
     }
-    for (int chunk = 0; chunk < num_chunks; ++chunk) {
+    for (int c = 0; c < num_chunks; ++c) {
       ptx::cp_async_wait<T::kStages - 2>();
-      __syncthreads();  // chunk's stage landed for every thread; the stage refilled below is idle
-      const int next = chunk + T::kStages - 1;
-      if (next < num_chunks) load_chunk(next, next % T::kStages);
+      __syncthreads();  // chunk c's stage landed for every thread; the stage refilled below is idle
+      const int next = c + T::kStages - 1;
+      if (next < num_chunks) load_chunk(unit.chunk_begin + next, next % T::kStages);
       ptx::cp_async_commit();
-      compute_chunk(chunk % T::kStages);
+      compute_chunk(c % T::kStages);
     }
     ptx::cp_async_wait<0>();
     __syncthreads();  // the epilogue reuses the pipeline's shared memory
@@ -228,8 +261,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
         for (int q = 0; q < T::kNT; ++q)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            v[i][q][h] = apply_activation<float>(epi1.activation, epi1.params, acc[i][q][h], acc[i][q][2 + h]);
-      if (epi1.mode == Mode::Mxfp8) {
+            v[i][q][h] = apply_activation<float>(out.activation, out.params, acc[i][q][h], acc[i][q][2 + h]);
+      if (out.mode == Mode::Mxfp8) {
         // One MX group = the warp's 32 outputs of one token: 4 m-tiles in the lane x 8 lanes (g).
 #pragma unroll
         for (int q = 0; q < T::kNT; ++q)
@@ -261,55 +294,66 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
         const int r = piece / kPiecesPerRow, j = (piece % kPiecesPerRow) * 8;
         if (r < tile_count && j0 + j < out_cols) {
           const uint4 val = *reinterpret_cast<const uint4*>(s_out + r * T::kOutStride1 + j);
-          *reinterpret_cast<uint4*>(epi1.inter + int64_t(tile_row0 + r) * out_cols + j0 + j) = val;
+          *reinterpret_cast<uint4*>(out.inter + int64_t(tile_row0 + r) * out_cols + j0 + j) = val;
         }
       }
     } else {
+      // fp32 rows of this split. GateUpRows: kernel row r of W13 is gate or up of output j
+      // (expert_layout.cuh); the staged row holds the CTA's 128 gates, then its 128 ups.
       float* s_out = reinterpret_cast<float*>(smem);
 #pragma unroll
       for (int i = 0; i < T::kMTiles; ++i)
 #pragma unroll
         for (int q = 0; q < T::kNT; ++q)
 #pragma unroll
-          for (int c = 0; c < 4; ++c)
-            s_out[(q * 8 + col0 + c % 2) * T::kOutStride2 + warp * 64 + i * 16 + g + 8 * (c / 2)] = acc[i][q][c];
+          for (int c = 0; c < 4; ++c) {
+            const int n_local = warp * 64 + i * 16 + g + 8 * (c / 2);
+            const int column = kEpi == Epilogue::Rows
+                                   ? n_local
+                                   : (n_local % 16 < 8 ? 0 : T::kRowsPerCta / 2) + (n_local / 16) * 8 + n_local % 8;
+            s_out[(q * 8 + col0 + c % 2) * T::kOutStride2 + column] = acc[i][q][c];
+          }
       __syncthreads();
+      float* dst = out.rows + int64_t(unit.split) * out.split_stride;
       constexpr int kPiecesPerRow = T::kRowsPerCta / 4;
       for (int piece = threadIdx.x; piece < T::kTokens * kPiecesPerRow; piece += T::kThreads) {
         const int r = piece / kPiecesPerRow, n = (piece % kPiecesPerRow) * 4;
-        if (r < tile_count && row0 + n < a.N) {
+        int64_t col = row0 + n;  // Rows: output n of this CTA
+        bool inside = row0 + n < a.N;
+        if (kEpi == Epilogue::GateUpRows) {  // [gate j | up j], j = row0 / 2 + position in its half
+          const int half = n / (T::kRowsPerCta / 2), j = row0 / 2 + n % (T::kRowsPerCta / 2);
+          col = int64_t(half) * (a.N / 2) + j;
+          inside = j < a.N / 2;
+        }
+        if (r < tile_count && inside) {
           const float4 val = *reinterpret_cast<const float4*>(s_out + r * T::kOutStride2 + n);
-          *reinterpret_cast<float4*>(y + int64_t(tile_row0 + r) * a.N + row0 + n) = val;
+          *reinterpret_cast<float4*>(dst + int64_t(tile_row0 + r) * a.N + col) = val;
         }
       }
     }
-    __syncthreads();  // the next tile's prologue overwrites the staging area
   }
 }
 
 template <class T, Epilogue kEpi>
-void launch(const ExpertGemmArgs& a, const Gemm1Epilogue& epi1, float* y, cudaStream_t stream) {
-  auto kernel = expert_gemm_kernel<T, kEpi>;
-  const int tiles = std::max(1, (a.max_rows_per_expert + T::kTokens - 1) / T::kTokens);
-  const dim3 grid(tiles, (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta, a.num_local);
-  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(a, epi1, y);
+void launch(const ExpertGemmArgs& a, const GemmOutput& out, cudaStream_t stream) {
+  const int ctas = a.sm_count * T::kMinBlocksPerSm;  // persistent: one wave of resident CTAs
+  expert_gemm_kernel<T, kEpi><<<ctas, T::kThreads, T::kSmemBytes, stream>>>(a, out);
   K3MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class T>
 void configure() {
-  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_kernel<T, Epilogue::Activation>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
-  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_kernel<T, Epilogue::Fp32Rows>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+  for (auto kernel : {expert_gemm_kernel<T, Epilogue::Activation>, expert_gemm_kernel<T, Epilogue::GateUpRows>,
+                      expert_gemm_kernel<T, Epilogue::Rows>})
+    K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
 }
 
 template <Epilogue kEpi>
-void launch_tile(TokenTile tile, const ExpertGemmArgs& a, const Gemm1Epilogue& epi1, float* y, cudaStream_t stream) {
+void launch_tile(TokenTile tile, const ExpertGemmArgs& a, const GemmOutput& out, cudaStream_t stream) {
   switch (tile) {
-    case TokenTile::T8: return launch<Tile<1>, kEpi>(a, epi1, y, stream);
-    case TokenTile::T16: return launch<Tile<2>, kEpi>(a, epi1, y, stream);
-    case TokenTile::T32: return launch<Tile<4>, kEpi>(a, epi1, y, stream);
+    case TokenTile::T8: return launch<Tile<1>, kEpi>(a, out, stream);
+    case TokenTile::T16: return launch<Tile<2>, kEpi>(a, out, stream);
+    case TokenTile::T32: return launch<Tile<4>, kEpi>(a, out, stream);
   }
 }
 
@@ -321,15 +365,23 @@ void configure_expert_gemm_kernels() {
   configure<Tile<4>>();
 }
 
-void launch_expert_gemm1(const ExpertGemmArgs& args, const Gemm1Epilogue& epilogue, TokenTile tile,
-                         cudaStream_t stream) {
+void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, cudaStream_t stream) {
   if (args.num_local == 0) return;
-  launch_tile<Epilogue::Activation>(tile, args, epilogue, nullptr, stream);
+  if (args.splits == 1) launch_tile<Epilogue::Activation>(tile, args, out, stream);
+  else launch_tile<Epilogue::GateUpRows>(tile, args, out, stream);
 }
 
-void launch_expert_gemm2(const ExpertGemmArgs& args, float* y, TokenTile tile, cudaStream_t stream) {
+void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, cudaStream_t stream) {
   if (args.num_local == 0) return;
-  launch_tile<Epilogue::Fp32Rows>(tile, args, Gemm1Epilogue{}, y, stream);
+  launch_tile<Epilogue::Rows>(tile, args, out, stream);
+}
+
+int gemm_ctas_per_sm(TokenTile tile) {
+  switch (tile) {
+    case TokenTile::T8: return Tile<1>::kMinBlocksPerSm;
+    case TokenTile::T16: return Tile<2>::kMinBlocksPerSm;
+    default: return Tile<4>::kMinBlocksPerSm;
+  }
 }
 
 }  // namespace k3moe::kernels

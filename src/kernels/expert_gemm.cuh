@@ -1,6 +1,7 @@
 // Grouped expert GEMMs on MXFP4 weights (kernel layout: expert_layout.cuh), bf16 activations,
-// fp32 accumulation. GEMM1 gathers token rows and applies the gated activation in its epilogue;
-// GEMM2 reads the intermediate rows in place and writes fp32 rows.
+// fp32 accumulation. GEMM1 gathers token rows and, with one K split, applies the gated activation
+// in its epilogue; GEMM2 reads the intermediate rows in place. Both can split K into ranges that
+// write fp32 partial rows (summed, in split order, by the activation and combine stages).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,29 +21,42 @@ struct ExpertGemmArgs {
   const uint16_t* act = nullptr;    // bf16 rows of K: GEMM1 x [T, K]; GEMM2 intermediate [rows, K]
   const int32_t* row_token = nullptr;      // GEMM1: row -> token of x; GEMM2: nullptr (row itself)
   const int32_t* expert_offset = nullptr;  // [E_local + 1] first row of each expert
+  // The schedule, written by the permutation for this token tile (permute.cuh): the units are
+  // (token tile of an active expert, 256-row block, K split), token tile fastest.
+  const int32_t* active_experts = nullptr;  // local experts with rows, ascending
+  const int32_t* tile_offset = nullptr;     // first token tile of each active expert; [num_active] = all
+  const int32_t* num_active = nullptr;
+  int* unit_counter = nullptr;  // zero before the launch; CTAs take units from it
   int num_local = 0;
   int N = 0;  // output rows of W (GEMM1: 2I, GEMM2: H)
   int K = 0;
-  int max_rows_per_expert = 0;  // sizes the grid; more rows are handled by striding
+  int splits = 1;  // K ranges; 1 <= splits <= K / 128
+  int sm_count = 0;
 };
 
-struct Gemm1Epilogue {
-  uint16_t* inter = nullptr;  // [rows, N/2] bf16
-  Mode mode = Mode::A16;      // A16: bf16(act); Mxfp8: MXFP8(act) per 32 outputs, stored widened
+struct GemmOutput {
+  // GEMM1 with one split: the activation output [rows, N/2] bf16.
+  uint16_t* inter = nullptr;
+  Mode mode = Mode::A16;  // A16: bf16(act); Mxfp8: MXFP8(act) per 32 outputs, stored widened
   Activation activation = Activation::Situ;
   ActivationParams params;
+  // Otherwise: fp32 rows [splits][rows, N] (GEMM1: [gate | up] in checkpoint order), split s at
+  // rows + s * split_stride.
+  float* rows = nullptr;
+  int64_t split_stride = 0;
 };
 
 // Raises the kernels' shared-memory limit on the current device; once per device, before launches.
 void configure_expert_gemm_kernels();
-
-void launch_expert_gemm1(const ExpertGemmArgs& args, const Gemm1Epilogue& epilogue, TokenTile tile,
-                         cudaStream_t stream);
-// y [rows, N] fp32.
-void launch_expert_gemm2(const ExpertGemmArgs& args, float* y, TokenTile tile, cudaStream_t stream);
+void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, cudaStream_t stream);
+void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, cudaStream_t stream);
+// Resident CTAs per SM of a launch (the persistent grid is sm_count times this).
+int gemm_ctas_per_sm(TokenTile tile);
 
 // The row-count granularity the kernels need: N a multiple of 16, K of 128.
 inline constexpr int kGemmKMultiple = 128;
 inline constexpr int kGemmNMultiple = 16;
+inline constexpr int kGemmChunkK = 128;
+inline constexpr int kGemmRowsPerCta = 256;
 
 }  // namespace k3moe::kernels

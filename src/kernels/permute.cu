@@ -23,7 +23,7 @@ __device__ __forceinline__ int local_expert(const PermuteArgs& a, int64_t slot, 
 }
 
 template <int kThreads>
-__global__ void __launch_bounds__(kThreads) permute_kernel(PermuteArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
   constexpr int kWarps = kThreads / 32;
   constexpr int kExpertsPerThread = kPermuteMaxLocalExperts / kThreads;
   extern __shared__ int32_t next_row[];  // [kWarps][num_local]
@@ -72,6 +72,30 @@ __global__ void __launch_bounds__(kThreads) permute_kernel(PermuteArgs a) {
     }
   }
   if (threadIdx.x == 0) a.expert_offset[a.num_local] = all_rows;
+
+  // The GEMMs' schedule: the experts with rows, in order, and where each one's token tiles start.
+  int32_t active[kExpertsPerThread], tiles[kExpertsPerThread], active_index[kExpertsPerThread],
+      tile_index[kExpertsPerThread];
+#pragma unroll
+  for (int i = 0; i < kExpertsPerThread; ++i) {
+    active[i] = total[i] > 0;
+    tiles[i] = (total[i] + a.tile_rows - 1) / a.tile_rows;
+  }
+  int32_t num_active = 0, all_tiles = 0;
+  __syncthreads();
+  Scan(scan_storage).ExclusiveSum(active, active_index, num_active);
+  __syncthreads();
+  Scan(scan_storage).ExclusiveSum(tiles, tile_index, all_tiles);
+#pragma unroll
+  for (int i = 0; i < kExpertsPerThread; ++i)
+    if (active[i]) {
+      a.active_experts[active_index[i]] = threadIdx.x * kExpertsPerThread + i;
+      a.tile_offset[active_index[i]] = tile_index[i];
+    }
+  if (threadIdx.x == 0) {
+    *a.num_active = num_active;
+    a.tile_offset[num_active] = all_tiles;
+  }
   __syncthreads();
 
   for (int64_t base = begin; base < end; base += 32) {

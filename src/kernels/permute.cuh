@@ -20,6 +20,11 @@ struct PermuteArgs {
   int32_t* expert_offset = nullptr;  // [num_local + 1]
   int32_t* row_token = nullptr;      // [T K]: token of each row (the first expert_offset[num_local])
   int32_t* slot_row = nullptr;       // [T K]: row of each slot, -1 if the slot is not local
+  // The expert GEMMs' schedule (expert_gemm.cuh) for token tiles of `tile_rows` rows:
+  int tile_rows = 8;
+  int32_t* active_experts = nullptr;  // [num_local]: experts with rows, ascending
+  int32_t* tile_offset = nullptr;     // [num_local + 1]: first tile of each active expert, then the total
+  int32_t* num_active = nullptr;      // [1]
 };
 
 void launch_permute(const PermuteArgs& args, cudaStream_t stream);

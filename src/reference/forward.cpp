@@ -14,7 +14,6 @@
 //   out  = bf16(fp32(sum_k w_k y_k)), the sum in double in slot order
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <thread>
 
 #include "k3moe/activation.h"
@@ -64,14 +63,30 @@ double dot(const double* a, const double* b, int n) {
   return (s0 + s1) + (s2 + s3);
 }
 
+// The two E2M1 values of every packed byte (low nibble = even element), exact in double.
+struct PairTable {
+  double v[256][2];
+  PairTable() {
+    for (int b = 0; b < 256; ++b) {
+      v[b][0] = double(e2m1_to_float(e2m1_nibble(uint8_t(b), 0)));
+      v[b][1] = double(e2m1_to_float(e2m1_nibble(uint8_t(b), 1)));
+    }
+  }
+};
+const PairTable& e2m1_pairs() {
+  static const PairTable table;  // NOTE: function-local, so it is ready whenever it is first used
+  return table;
+}
+
 // One MXFP4 row (len values, len/2 packed bytes, len/32 scales) to double, exactly.
 void dequantize_row(const uint8_t* packed, const uint8_t* scales, int len, double* out) {
+  const PairTable& pairs = e2m1_pairs();
   for (int g = 0; g < len / kGroup; ++g) {
     const double s = double(e8m0_to_float(scales[g]));
     for (int j = 0; j < kGroup / 2; ++j) {
-      const uint8_t byte = packed[g * kGroup / 2 + j];
-      out[g * kGroup + 2 * j] = double(e2m1_to_float(e2m1_nibble(byte, 0))) * s;
-      out[g * kGroup + 2 * j + 1] = double(e2m1_to_float(e2m1_nibble(byte, 1))) * s;
+      const double* pair = pairs.v[packed[g * kGroup / 2 + j]];
+      out[g * kGroup + 2 * j] = pair[0] * s;
+      out[g * kGroup + 2 * j + 1] = pair[1] * s;
     }
   }
 }

@@ -1,22 +1,51 @@
 #include "runtime/heuristics.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace k3moe {
+namespace {
 
-KernelChoice choose_kernels(const MoeConfig& config, int tokens) {
-  KernelChoice choice;
-  choice.expected_rows_per_expert = double(tokens) * config.top_k / config.num_experts;
-  const double rows = choice.expected_rows_per_expert;
-  choice.token_tile = rows <= 8.0 ? kernels::TokenTile::T8 : rows <= 16.0 ? kernels::TokenTile::T16
-                                                                          : kernels::TokenTile::T32;
-  return choice;
+// The smallest divisor d of `chunks` (leaving >= 3 chunks per split, so the pipeline fills) with
+// units * d >= target; the largest such divisor when none reaches it.
+int choose_splits(double units, int chunks, double target) {
+  int best = 1;
+  for (int d = 1; d <= chunks / 3; ++d) {
+    if (chunks % d) continue;
+    best = d;
+    if (units * d >= target) break;
+  }
+  return best;
+}
+
+}  // namespace
+
+KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, int sm_count) {
+  KernelChoice k;
+  const double local = ep.num_local(c.num_experts);
+  k.expected_rows_per_expert = double(tokens) * c.top_k / c.num_experts;
+  k.expected_active_experts = local * (1.0 - std::pow(1.0 - double(c.top_k) / c.num_experts, tokens));
+  const double rows = k.expected_rows_per_expert;
+  k.token_tile = rows <= 8.0 ? kernels::TokenTile::T8 : rows <= 16.0 ? kernels::TokenTile::T16
+                                                                     : kernels::TokenTile::T32;
+  const double tile_rows = 8.0 * int(k.token_tile);
+  const double tiles = k.expected_active_experts * std::max(1.0, std::ceil(rows / tile_rows));
+  const double target = 2.0 * sm_count * kernels::gemm_ctas_per_sm(k.token_tile);
+  const int rows_per_cta = kernels::kGemmRowsPerCta;
+  k.gemm1_splits = choose_splits(tiles * std::ceil(2.0 * c.intermediate / rows_per_cta),
+                                 c.hidden / kernels::kGemmChunkK, target);
+  k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
+                                 c.intermediate / kernels::kGemmChunkK, target);
+  return k;
 }
 
 std::string KernelChoice::describe() const {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "expert GEMMs: mma.sync bf16 m16n8k16, 256 weight rows x %d tokens per CTA "
-                "(expected %.1f rows per expert)", 8 * int(token_tile), expected_rows_per_expert);
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "expert GEMMs: mma.sync bf16 m16n8k16, persistent CTAs over units of 256 weight rows x %d tokens; "
+                "K split %d (GEMM1) and %d (GEMM2) (expected %.1f active experts, %.1f rows each)",
+                8 * int(token_tile), gemm1_splits, gemm2_splits, expected_active_experts, expected_rows_per_expert);
   return buf;
 }
 

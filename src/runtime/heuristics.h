@@ -10,14 +10,19 @@ namespace k3moe {
 
 struct KernelChoice {
   kernels::TokenTile token_tile = kernels::TokenTile::T8;
-  double expected_rows_per_expert = 0.0;  // T K / E, what the choice is based on
+  int gemm1_splits = 1;  // K ranges of GEMM1 (> 1: partial rows + the activation stage)
+  int gemm2_splits = 1;  // K ranges of GEMM2 (summed by the combine)
+  double expected_active_experts = 0.0;
+  double expected_rows_per_expert = 0.0;
 
   std::string describe() const;
 };
 
-// Uniform routing puts T K / E rows on each expert; the token tile is the smallest of 8/16/32
-// that holds that many, so that decode does not stream weights against empty tile columns and
-// prefill reuses each weight fragment over 32 tokens.
-KernelChoice choose_kernels(const MoeConfig& config, int tokens);
+// Uniform routing puts T K / E rows on each expert and hits L (1 - (1 - K/E)^T) of a rank's L
+// experts. The token tile is the smallest of 8/16/32 that holds an expert's rows, so that decode
+// does not stream weights against empty tile columns and prefill reuses each weight fragment over
+// 32 tokens. K is split when the units of work (token tile x 256 weight rows) would not give each
+// resident CTA two: decode then still streams the weights with every SM.
+KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count);
 
 }  // namespace k3moe

@@ -1,11 +1,13 @@
 // MoePlan: validation and workspace at creation; forward() only checks tensors on the host and
-// enqueues the stages in order: [routing] -> [MXFP8 quantization] -> permutation -> GEMM1 + act
-// -> GEMM2 -> combine.
+// enqueues the stages in order: [routing] -> [MXFP8 quantization] -> permutation -> GEMM1 (+ the
+// activation, fused or as its own stage when K is split) -> GEMM2 -> combine.
+#include <algorithm>
 #include <sstream>
 #include <type_traits>
 
 #include "k3moe/error.h"
 #include "k3moe/plan.h"
+#include "kernels/activation.cuh"
 #include "kernels/combine.cuh"
 #include "kernels/expert_gemm.cuh"
 #include "kernels/permute.cuh"
@@ -19,6 +21,15 @@
 namespace k3moe {
 namespace {
 
+// The heuristic's choice with the options' overrides applied.
+KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, int sm_count) {
+  KernelChoice k = choose_kernels(o.config, o.ep, int(tokens), sm_count);
+  const int chunks1 = o.config.hidden / kernels::kGemmChunkK, chunks2 = o.config.intermediate / kernels::kGemmChunkK;
+  if (o.gemm1_splits > 0) k.gemm1_splits = std::min(o.gemm1_splits, chunks1);
+  if (o.gemm2_splits > 0) k.gemm2_splits = std::min(o.gemm2_splits, chunks2);
+  return k;
+}
+
 // Carves the workspace into the stages' buffers, 256-byte aligned.
 struct Workspace {
   int32_t* route_ids = nullptr;     // [T, K] when routing from logits without caller buffers
@@ -29,13 +40,19 @@ struct Workspace {
   int32_t* expert_offset = nullptr;  // [num_local + 1]
   int32_t* row_token = nullptr;     // [T K]
   int32_t* slot_row = nullptr;      // [T K]
+  int32_t* active_experts = nullptr;  // [num_local]  the GEMMs' schedule
+  int32_t* tile_offset = nullptr;   // [num_local + 1]
+  int32_t* num_active = nullptr;    // [1]
+  int* unit_counters = nullptr;     // [2] GEMM1, GEMM2
+  float* h = nullptr;               // [splits1][T K, 2I] fp32, when GEMM1 splits K
   uint16_t* inter = nullptr;        // [T K, I] bf16
-  float* y = nullptr;               // [T K, H] fp32
+  float* y = nullptr;               // [splits2][T K, H] fp32
 
   // Buffers for `tokens` tokens from `base`; with base == nullptr, only counts the bytes.
-  static int64_t carve(Workspace* w, char* base, const PlanOptions& o, int64_t tokens) {
+  static int64_t carve(Workspace* w, char* base, const PlanOptions& o, int64_t tokens, int sm_count) {
     const int64_t T = tokens, K = o.config.top_k, H = o.config.hidden, I = o.config.intermediate;
     const int64_t local = o.config.num_experts / o.ep.size;
+    const KernelChoice choice = kernel_choice(o, tokens, sm_count);
     int64_t offset = 0;
     auto take = [&](auto*& ptr, int64_t bytes) {
       ptr = base ? reinterpret_cast<std::remove_reference_t<decltype(ptr)>>(base + offset) : nullptr;
@@ -49,8 +66,13 @@ struct Workspace {
     take(w->expert_offset, (local + 1) * 4);
     take(w->row_token, T * K * 4);
     take(w->slot_row, T * K * 4);
+    take(w->active_experts, local * 4);
+    take(w->tile_offset, (local + 1) * 4);
+    take(w->num_active, 4);
+    take(w->unit_counters, 2 * 4);
+    take(w->h, choice.gemm1_splits > 1 ? choice.gemm1_splits * T * K * 2 * I * 4 : 0);
     take(w->inter, T * K * I * 2);
-    take(w->y, T * K * H * 4);
+    take(w->y, choice.gemm2_splits * T * K * H * 4);
     return offset;
   }
 };
@@ -59,7 +81,7 @@ struct Workspace {
 
 struct MoePlan::Impl {
   PlanOptions options;
-  int num_local = 0, first_expert = 0;
+  int num_local = 0, first_expert = 0, sm_count = 0;
   DeviceBuffer workspace_buffer;
   Workspace ws;
 };
@@ -87,6 +109,8 @@ MoePlan MoePlan::create(const PlanOptions& o) {
   o.ep.validate(o.config.num_experts);
   const MoeConfig& c = o.config;
   K3MOE_CHECK(o.max_tokens >= 0, "max_tokens must be >= 0, got ", o.max_tokens);
+  K3MOE_CHECK(o.gemm1_splits >= 0 && o.gemm2_splits >= 0, "gemm splits must be >= 0 (0: automatic), got ",
+              o.gemm1_splits, " and ", o.gemm2_splits);
   K3MOE_CHECK(c.hidden % kernels::kGemmKMultiple == 0 && c.intermediate % kernels::kGemmKMultiple == 0,
               "the expert GEMMs need H and I to be multiples of ", kernels::kGemmKMultiple, ", got H = ", c.hidden,
               ", I = ", c.intermediate);
@@ -110,12 +134,16 @@ MoePlan MoePlan::create(const PlanOptions& o) {
   impl->options = o;
   impl->num_local = num_local;
   impl->first_expert = o.ep.first_expert(c.num_experts);
+  impl->sm_count = prop.multiProcessorCount;
   DeviceGuard guard(o.device);
   kernels::configure_expert_gemm_kernels();
   kernels::configure_permute_kernel();
   if (o.max_tokens > 0) {
-    impl->workspace_buffer = DeviceBuffer(Workspace::carve(&impl->ws, nullptr, o, o.max_tokens));
-    Workspace::carve(&impl->ws, impl->workspace_buffer.get<char>(), o, o.max_tokens);
+    // The K splits change with T: size the workspace for the largest need up to max_tokens.
+    int64_t bytes = 0;
+    for (int t = 1; t <= o.max_tokens; ++t)
+      bytes = std::max(bytes, Workspace::carve(&impl->ws, nullptr, o, t, impl->sm_count));
+    impl->workspace_buffer = DeviceBuffer(bytes);
   }
   return MoePlan(std::move(impl));
 }
@@ -158,8 +186,8 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   if (T == 0) return;
 
   DeviceGuard guard(o.device);
-  Workspace ws = p.ws;
-  if (workspace) Workspace::carve(&ws, static_cast<char*>(workspace), o, T);
+  Workspace ws;
+  Workspace::carve(&ws, workspace ? static_cast<char*>(workspace) : p.workspace_buffer.get<char>(), o, T, p.sm_count);
   int32_t* ids = args.topk_ids ? data_ptr<int32_t>(args.topk_ids) : ws.route_ids;
   float* weights = args.topk_weights ? data_ptr<float>(args.topk_weights) : ws.route_weights;
   if (from_logits) {
@@ -179,19 +207,40 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
     x_act = ws.x_dequant;
   }
 
+  const KernelChoice choice = kernel_choice(o, T, p.sm_count);
   kernels::launch_permute({ids, int(T), int(K), p.first_expert, p.num_local, ws.expert_offset, ws.row_token,
-                           ws.slot_row},
+                           ws.slot_row, 8 * int(choice.token_tile), ws.active_experts, ws.tile_offset, ws.num_active},
                           stream);
+  K3MOE_CUDA_CHECK(cudaMemsetAsync(ws.unit_counters, 0, 2 * sizeof(int), stream));
 
-  const KernelChoice choice = choose_kernels(c, int(T));
-  kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token,
-                             ws.expert_offset, p.num_local, 2 * c.intermediate, c.hidden, int(T)};
-  kernels::launch_expert_gemm1(g1, {ws.inter, o.mode, o.activation, o.activation_params}, choice.token_tile, stream);
-  kernels::ExpertGemmArgs g2{w.data.w2_codes, w.data.w2_scales, ws.inter, nullptr,
-                             ws.expert_offset, p.num_local, c.hidden, c.intermediate, int(T)};
-  kernels::launch_expert_gemm2(g2, ws.y, choice.token_tile, stream);
+  const int64_t rows = T * K;  // capacity of the row buffers
+  kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token, ws.expert_offset,
+                             ws.active_experts, ws.tile_offset, ws.num_active, ws.unit_counters, p.num_local,
+                             2 * c.intermediate, c.hidden, choice.gemm1_splits, p.sm_count};
+  kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
+  kernels::launch_expert_gemm1(g1, out1, choice.token_tile, stream);
+  if (choice.gemm1_splits > 1) {
+    kernels::launch_activation({ws.h, rows * 2 * c.intermediate, choice.gemm1_splits, ws.expert_offset, p.num_local,
+                                int(rows), c.intermediate, ws.inter, o.mode, o.activation, o.activation_params},
+                               stream);
+  }
+  kernels::ExpertGemmArgs g2 = g1;
+  g2.codes = w.data.w2_codes;
+  g2.scales = w.data.w2_scales;
+  g2.act = ws.inter;
+  g2.row_token = nullptr;
+  g2.unit_counter = ws.unit_counters + 1;
+  g2.N = c.hidden;
+  g2.K = c.intermediate;
+  g2.splits = choice.gemm2_splits;
+  kernels::GemmOutput out2;
+  out2.rows = ws.y;
+  out2.split_stride = rows * c.hidden;
+  kernels::launch_expert_gemm2(g2, out2, choice.token_tile, stream);
 
-  kernels::launch_combine({ws.y, ws.slot_row, weights, data_ptr<uint16_t>(args.out), int(T), int(K), int(H)}, stream);
+  kernels::launch_combine({ws.y, rows * c.hidden, choice.gemm2_splits, ws.slot_row, weights,
+                           data_ptr<uint16_t>(args.out), int(T), int(K), int(H)},
+                          stream);
 }
 
 void MoePlan::route(const DLTensor& logits, const DLTensor& bias, DLTensor& ids, DLTensor& weights,
@@ -228,7 +277,7 @@ const PlanOptions& MoePlan::options() const { return impl_->options; }
 int64_t MoePlan::workspace_bytes() const { return impl_->workspace_buffer.bytes(); }
 int64_t MoePlan::workspace_bytes(int tokens) const {
   Workspace unused;
-  return Workspace::carve(&unused, nullptr, impl_->options, tokens);
+  return Workspace::carve(&unused, nullptr, impl_->options, tokens, impl_->sm_count);
 }
 
 std::string MoePlan::describe(int tokens) const {
@@ -238,7 +287,7 @@ std::string MoePlan::describe(int tokens) const {
       << "/" << o.ep.size << " (" << impl_->num_local << " local experts from " << impl_->first_expert << ")\n"
       << "routing: one warp per token, top-" << o.config.top_k << " of " << o.config.num_experts << "\n"
       << "permutation: one CTA, deterministic (t, k) order\n"
-      << choose_kernels(o.config, tokens).describe() << "\n"
+      << kernel_choice(o, tokens, impl_->sm_count).describe() << "\n"
       << "combine: one CTA per token, fp32 in slot order\n"
       << "workspace: " << workspace_bytes() << " bytes for " << o.max_tokens << " tokens";
   return out.str();

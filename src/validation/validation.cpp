@@ -308,6 +308,17 @@ std::vector<Case> matrix(bool quick) {
   for (Mode mode : modes)
     for (int T : quick ? std::vector<int>{129} : std::vector<int>{1, 129})
       add("reduced", reduced, {2, 0}, mode, Activation::Situ, T, RoutingKind::Logits, Poison::None, true);
+  // K split into 3 (GEMM1) and 2 (GEMM2) ranges: partial rows, the activation stage, split sums.
+  for (Mode mode : modes)
+    for (Activation act : activations)
+      for (int T : quick ? std::vector<int>{17} : std::vector<int>{1, 17, 129}) {
+        add("reduced", reduced, {1, 0}, mode, act, T, RoutingKind::Logits);
+        cases.back().splits = 3;
+      }
+  for (Mode mode : modes) {
+    add("reduced", reduced, {1, 0}, mode, Activation::Situ, 33, RoutingKind::Skewed, Poison::NanWeightScale);
+    cases.back().splits = 3;
+  }
   for (Mode mode : modes)
     for (int T : quick ? std::vector<int>{64} : std::vector<int>{1, 64, 1024})
       add("ep32-896", ep32_896_config(), {32, 7}, mode, Activation::Situ, T, RoutingKind::Logits);
@@ -345,6 +356,7 @@ Result run(const Case& c) {
   const std::vector<double> ref_ideal = reference_forward(problem, Precision::Ideal);
 
   PlanOptions options{c.config, std::max(1, c.tokens), c.mode, c.activation, c.config.activation_params, c.ep, 0};
+  options.gemm1_splits = options.gemm2_splits = c.splits;
   MoePlan plan = MoePlan::create(options);
   Stream stream;
   DeviceInputs d(c, in);
@@ -442,7 +454,7 @@ std::string poison_name(Poison p) {
 
 std::string header_line() {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%-11s %-6s %-10s %5s %-13s %-6s %-9s %4s %10s %10s %10s %10s %5s %5s  %s", "shape",
+  std::snprintf(buf, sizeof buf, "%-11s %-6s %-10s %5s %-13s %-8s %-10s %4s %10s %10s %10s %10s %5s %5s  %s", "shape",
                 "mode", "act", "T", "routing", "EP", "poison", "hit", "relL2-emu", "cos-emu", "relL2-ideal",
                 "cos-ideal", "det", "graph", "result");
   return buf;
@@ -450,9 +462,9 @@ std::string header_line() {
 
 std::string result_line(const Result& r) {
   const Case& c = r.spec;
-  char ep[16], buf[512];
-  std::snprintf(ep, sizeof ep, "%d/%d", c.ep.rank, c.ep.size);
-  std::snprintf(buf, sizeof buf, "%-11s %-6s %-10s %5d %-13s %-6s %-9s %4d %10.2e %10.7f %10.2e %10.7f %5s %5s  %s%s",
+  char ep[24], buf[512];
+  std::snprintf(ep, sizeof ep, "%d/%d%s", c.ep.rank, c.ep.size, c.splits ? " ks" : "");
+  std::snprintf(buf, sizeof buf, "%-11s %-6s %-10s %5d %-13s %-8s %-10s %4d %10.2e %10.7f %10.2e %10.7f %5s %5s  %s%s",
                 c.shape.c_str(), std::string(to_string(c.mode)).c_str(), std::string(to_string(c.activation)).c_str(),
                 c.tokens, routing_name(c.routing).c_str(), ep, poison_name(c.poison).c_str(), r.experts_hit,
                 r.vs_emulate.rel_l2, r.vs_emulate.cosine, r.vs_ideal.rel_l2, r.vs_ideal.cosine,
@@ -478,6 +490,7 @@ std::string results_json(const std::vector<Result>& results) {
                     {"ep_size", c.ep.size},
                     {"ep_rank", c.ep.rank},
                     {"poison", poison_name(c.poison)},
+                    {"forced_splits", c.splits},
                     {"experts_hit", r.experts_hit},
                     {"rel_l2_vs_emulate", r.vs_emulate.rel_l2},
                     {"cosine_vs_emulate", r.vs_emulate.cosine},

@@ -38,6 +38,7 @@ struct Case {
   RoutingKind routing = RoutingKind::Logits;
   Poison poison = Poison::None;
   bool ep_sum_check = false;  // also run every rank of ep.size: their outputs must sum to rank-1's
+  int splits = 0;             // > 0: force this K split on both GEMMs (PlanOptions::gemm*_splits)
   uint64_t seed = 1;
 };
 
