@@ -55,9 +55,10 @@ void inspect_file(const Options& o) {
               human_bytes(double(file.file_size())).c_str());
   for (const auto& [key, value] : file.metadata()) std::printf("  metadata %s = %s\n", key.c_str(), value.c_str());
   for (const TensorInfo& t : file.tensors())
-    std::printf("  %-60s %-7s %-16s [%llu, %llu)  fnv1a64 %s\n", t.name.c_str(), std::string(to_string(t.dtype)).c_str(),
-                t.shape_string().c_str(), static_cast<unsigned long long>(t.begin),
-                static_cast<unsigned long long>(t.end), hex64(fnv1a64(file.bytes(t))).c_str());
+    std::printf("  %-60s %-7s %-16s [%llu, %llu)  fnv1a64 %s\n", t.name.c_str(),
+                std::string(to_string(t.dtype)).c_str(), t.shape_string().c_str(),
+                static_cast<unsigned long long>(t.begin), static_cast<unsigned long long>(t.end),
+                hex64(fnv1a64(file.bytes(t))).c_str());
 }
 
 std::set<std::string> shard_files(const fs::path& dir) {

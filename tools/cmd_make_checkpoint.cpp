@@ -69,14 +69,12 @@ void run(const Options& o) {
   const double seconds = clock.seconds();
 
   namespace fs = std::filesystem;
-  std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(o.dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name == "config.json" || name == "model.safetensors.index.json" ||
-        (name.rfind("model-", 0) == 0 && name.find("-of-") != std::string::npos))
-      files.push_back(entry.path());
+  std::vector<fs::path> files{fs::path(o.dir) / "config.json", fs::path(o.dir) / "model.safetensors.index.json"};
+  for (int s = 1; s <= o.shards; ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s, o.shards);
+    files.push_back(fs::path(o.dir) / name);
   }
-  std::sort(files.begin(), files.end());
   uint64_t total = 0;
   for (const fs::path& f : files) {
     const uint64_t size = fs::file_size(f);

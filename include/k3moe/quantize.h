@@ -3,8 +3,8 @@
 //     (mx_scale_round_up with elem_max 6: the smallest 2^e with amax <= 6 * 2^e), codes
 //     float_to_e2m1(x / 2^e). A group holding NaN or Inf gets the NaN scale (255), codes 0.
 //   MXFP8 (activations): the contract's rule, per token and 32 consecutive values: E8M0 by the
-//     round-up rule with elem_max 448, codes float_to_e4m3(x / 2^e); non-finite groups get the
-//     NaN scale and their codes encode x / 2^e as far as E4M3 can (NaN -> 0x7F).
+//     round-up rule with elem_max 448, codes float_to_e4m3(x / 2^e); a non-finite group gets the
+//     NaN scale, and x / NaN makes every code of it the E4M3 NaN 0x7F.
 //     Scales are bytes [rows, cols/32]; read as int32 on a little-endian machine they ARE the
 //     packed [rows, cols/128] int32 form (group g at byte g mod 4).
 //   NVFP4 (weights): per 16 values, UE4M3 block scale and one fp32 global scale per tensor:

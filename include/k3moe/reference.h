@@ -8,9 +8,10 @@
 // The expert forward has two precisions per mode:
 //   Ideal:   everything in float64 from the inputs as given (bf16 x, exact MXFP4 weights).
 //   Emulate: float64 arithmetic with exactly the mode's roundings applied (see config.h Mode):
-//            a16:   a = bf16(act(h)),        out = bf16(sum_k w_k y_k)
-//            mxfp8: x -> MXFP8, a = MXFP8(act(h)) (per 32 along I), out = bf16(sum_k w_k y_k)
-//            where h and y are each rounded to fp32 (the kernels' accumulator precision).
+//            a16:   a = bf16(fp32(act(h))),        out = bf16(fp32(sum_k w_k y_k))
+//            mxfp8: x -> MXFP8, a = MXFP8(fp32(act(h))) (per 32 along I), out as a16
+//            where h and y are each rounded to fp32 (the kernels' accumulator precision) and the
+//            activation is evaluated in float64 on the rounded h.
 // Expert parallelism: a slot whose id is -1 or another rank's expert contributes nothing; an id
 // >= E or < -1 is rejected (k3moe::Error naming the token and slot).
 #pragma once

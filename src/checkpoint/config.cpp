@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bounded_json.h"
 #include "k3moe/error.h"
 
 namespace k3moe {
@@ -18,6 +19,7 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kMxfp4Format = "mxfp4-pack-quantized";
+constexpr int kMaxJsonDepth = 64;  // HF configs nest a handful of levels
 constexpr int kMxGroup = 32;  // MXFP4: one E8M0 scale per 32 values, whatever a bad config claims
 
 std::string describe(const json& value) {
@@ -209,8 +211,9 @@ Activation parse_activation(std::string_view text) {
 }
 
 MoeConfig MoeConfig::from_json(std::string_view text, const std::string& source) {
-  const json root = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  K3MOE_CHECK(!root.is_discarded(), source, ": not valid JSON");
+  std::string why;
+  const json root = detail::parse_bounded_json(text, kMaxJsonDepth, why);
+  K3MOE_CHECK(!root.is_discarded(), source, ": not valid JSON: ", why);
   K3MOE_CHECK(root.is_object(), source, ": must hold a JSON object, got ", root.type_name());
   const Fields fields(root, source);
 

@@ -11,12 +11,12 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "bounded_json.h"
 #include "k3moe/error.h"
 
 namespace k3moe {
@@ -26,6 +26,8 @@ using nlohmann::json;
 
 // The reference implementation's limit; a longer header is a corrupt length field, not a header.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// {name: {"shape": [...]}} nests three levels; anything much deeper is not a header.
+constexpr int kMaxHeaderDepth = 8;
 
 struct DtypeInfo {
   Dtype dtype;
@@ -155,20 +157,13 @@ void SafetensorsFile::Impl::parse_header() {
   data_size = size - data_offset;
 
   // Duplicate top-level keys would silently shadow each other in the parsed object.
-  std::string duplicate;
+  std::string duplicate, why;
   std::set<std::string, std::less<>> seen;
-  const json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::key && depth == 1 && parsed.is_string() &&
-        !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
-      duplicate = parsed.get<std::string>();
-    return true;
-  };
-  json header;
-  try {
-    header = json::parse(base + 8, base + 8 + n, on_event);
-  } catch (const json::exception& e) {
-    K3MOE_FAIL(label, ": header is not valid JSON: ", e.what());
-  }
+  const json header = detail::parse_bounded_json(
+      {reinterpret_cast<const char*>(base) + 8, size_t(n)}, kMaxHeaderDepth, why, [&](const std::string& key) {
+        if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
+      });
+  K3MOE_CHECK(!header.is_discarded(), label, ": header is not valid JSON: ", why);
   K3MOE_CHECK(header.is_object(), label, ": header must be a JSON object, got ", header.type_name());
   K3MOE_CHECK(duplicate.empty(), label, ": header names tensor '", duplicate, "' twice");
 
@@ -192,9 +187,9 @@ void SafetensorsFile::Impl::parse_header() {
   const TensorInfo* reach = nullptr;  // the non-empty tensor ending furthest so far
   for (const TensorInfo& t : tensors) {
     if (t.begin == t.end) continue;
-    K3MOE_CHECK(reach == nullptr || t.begin >= reach->end, label, ": tensors '", reach ? reach->name : "",
-                "' [", reach ? reach->begin : 0, ", ", reach ? reach->end : 0, ") and '", t.name, "' [", t.begin,
-                ", ", t.end, ") overlap");
+    if (reach != nullptr && t.begin < reach->end)
+      K3MOE_FAIL(label, ": tensors '", reach->name, "' [", reach->begin, ", ", reach->end, ") and '", t.name, "' [",
+                 t.begin, ", ", t.end, ") overlap");
     if (reach == nullptr || t.end > reach->end) reach = &t;
   }
   for (size_t i = 0; i < tensors.size(); ++i) by_name.emplace(tensors[i].name, i);
