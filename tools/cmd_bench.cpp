@@ -86,13 +86,16 @@ struct Options {
   std::vector<int> tokens;
   std::string mode;
   bool no_baseline = false;
+  int splits = 0;  // > 0: PlanOptions::gemm1_splits and gemm2_splits
 };
 
 Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
-             const Ceilings& ceil, bool with_baseline) {
+             const Ceilings& ceil, bool with_baseline, int splits) {
   const MoeConfig& cfg = shape.config;
   const int64_t T = c.tokens, H = cfg.hidden, E = cfg.num_experts, K = cfg.top_k;
-  MoePlan plan = MoePlan::create({cfg, c.tokens, c.mode, cfg.activation, cfg.activation_params, shape.ep, 0});
+  PlanOptions options{cfg, c.tokens, c.mode, cfg.activation, cfg.activation_params, shape.ep, 0};
+  options.gemm1_splits = options.gemm2_splits = splits;
+  MoePlan plan = MoePlan::create(options);
   cudaStream_t stream;
   K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -244,7 +247,7 @@ void bench(const Options& o) {
       loaded.emplace(c.shape, std::make_pair(std::move(host), std::move(device)));
     }
     const auto& [host, device] = loaded.at(c.shape);
-    const Row r = run_case(c, shape, host, *device, ceil, !o.no_baseline);
+    const Row r = run_case(c, shape, host, *device, ceil, !o.no_baseline, o.splits);
     std::printf("%-8s %5d %-6s %6.1f %9.1f %9.1f %7.2f %8.1f %6.1f %9.3f %10.1f %8.2fx %6.1f%% %6.0e\n", c.shape.c_str(),
                 c.tokens, std::string(to_string(c.mode)).c_str(), r.active_experts, r.us_ids, r.us_logits,
                 r.bytes / (r.us_ids * 1e-6) / 1e12, r.flops / (r.us_ids * 1e-6) / 1e12, r.floor_us, r.floor_ratio,
@@ -296,6 +299,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", o->json, "Write the rows, ceilings, device, commit and date as JSON");
   cmd->add_option("--commit", o->commit, "The commit being measured (recorded in the JSON)");
   cmd->add_flag("--no-baseline", o->no_baseline, "Skip the dequantize + cuBLASLt baseline");
+  cmd->add_option("--splits", o->splits, "Force the K split of both GEMMs (0: the heuristic's)");
   cmd->callback([o] { bench(*o); });
 }
 
