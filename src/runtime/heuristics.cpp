@@ -7,9 +7,13 @@
 namespace k3moe {
 namespace {
 
-// The smallest divisor d of `chunks` (leaving >= 3 chunks per split, so the pipeline fills) with
-// units * d >= target; the largest such divisor when none reaches it.
+// No split while the units fill half the resident CTAs: a unit restarts the cp.async pipeline, so
+// more, shorter units cost more than they balance (measured: local28 T=1 122 us unsplit, 157 us
+// split in 2, 198 us in 4; bench/NOTES.md). Below that, the smallest divisor d of `chunks`
+// (leaving >= 3 chunks per split, so the pipeline fills) with units * d >= target, or the
+// largest such divisor when none reaches it (ep32 T=8: 112 us unsplit, 87 us split in 7).
 int choose_splits(double units, int chunks, double target) {
+  if (units >= target / 2) return 1;
   int best = 1;
   for (int d = 1; d <= chunks / 3; ++d) {
     if (chunks % d) continue;
@@ -31,7 +35,7 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
                                                                      : kernels::TokenTile::T32;
   const double tile_rows = 8.0 * int(k.token_tile);
   const double tiles = k.expected_active_experts * std::max(1.0, std::ceil(rows / tile_rows));
-  const double target = 2.0 * sm_count * kernels::gemm_ctas_per_sm(k.token_tile);
+  const double target = double(sm_count) * kernels::gemm_ctas_per_sm(k.token_tile);
   const int rows_per_cta = kernels::kGemmRowsPerCta;
   k.gemm1_splits = choose_splits(tiles * std::ceil(2.0 * c.intermediate / rows_per_cta),
                                  c.hidden / kernels::kGemmChunkK, target);
