@@ -3,6 +3,8 @@
 
 #include "k3moe/activation.h"
 #include "k3moe/formats.h"
+#include "kernels/launch.cuh"
+#include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
 namespace k3moe::kernels {
@@ -12,6 +14,8 @@ constexpr int kGroup = 32;
 constexpr int kThreads = 128;
 
 __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) {
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
   const int groups_per_row = a.intermediate / kGroup;
   const int64_t index = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t row = index / groups_per_row;
@@ -51,8 +55,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) 
 void launch_activation(const ActivationArgs& args, cudaStream_t stream) {
   const int64_t threads = int64_t(args.max_rows) * (args.intermediate / kGroup);
   if (threads == 0) return;
-  activation_kernel<<<(threads + kThreads - 1) / kThreads, kThreads, 0, stream>>>(args);
-  K3MOE_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(activation_kernel, dim3((threads + kThreads - 1) / kThreads), kThreads, 0, stream, args);
 }
 
 }  // namespace k3moe::kernels

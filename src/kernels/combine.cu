@@ -2,7 +2,9 @@
 #include "kernels/combine.cuh"
 
 #include "k3moe/formats.h"
+#include "kernels/launch.cuh"
 #include "kernels/routing.cuh"
+#include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
 namespace k3moe::kernels {
@@ -13,6 +15,8 @@ constexpr int kThreads = 128;
 __global__ void __launch_bounds__(kThreads, 4) combine_kernel(CombineArgs a) {
   __shared__ int32_t rows[kRoutingMaxTopK];
   __shared__ float weights[kRoutingMaxTopK];
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
   const int token = blockIdx.x;
   if (threadIdx.x < a.top_k) {
     rows[threadIdx.x] = a.slot_row[int64_t(token) * a.top_k + threadIdx.x];
@@ -50,8 +54,7 @@ __global__ void __launch_bounds__(kThreads, 4) combine_kernel(CombineArgs a) {
 void launch_combine(const CombineArgs& args, cudaStream_t stream) {
   if (args.tokens == 0) return;
   const dim3 grid(args.tokens, (args.hidden + kThreads * 4 - 1) / (kThreads * 4));
-  combine_kernel<<<grid, kThreads, 0, stream>>>(args);
-  K3MOE_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(combine_kernel, grid, kThreads, 0, stream, args);
 }
 
 }  // namespace k3moe::kernels

@@ -20,6 +20,7 @@
 #include "k3moe/activation.h"
 #include "k3moe/formats.h"
 #include "kernels/expert_layout.cuh"
+#include "kernels/launch.cuh"
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
@@ -111,6 +112,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
   __shared__ int s_unit;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
+  // NOTE: the schedule comes from the permutation, which completed before the previous kernel
+  // (GEMM1 or the activation) passed its own wait. GEMM2's weights do not depend on GEMM1 either:
+  // GEMM2 waits for GEMM1's output only after it started streaming its first unit's weights.
+  bool waited = kEpi != Epilogue::Rows;
+  if (waited) ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
   const int num_active = *a.num_active;
   const int total_tiles = num_active > 0 ? a.tile_offset[num_active] : 0;
   const int row_blocks = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
@@ -163,10 +170,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
       act_bytes[i] = valid ? 16 : 0;
     }
 
-    auto load_chunk = [&](int chunk, int stage) {
+    auto load_weights = [&](int chunk, int stage) {
       uint8_t* s_codes = smem + stage * T::kStageBytes;
       uint8_t* s_scales = s_codes + T::kCodeBytes;
-      uint16_t* s_act = reinterpret_cast<uint16_t*>(s_scales + T::kScaleBytes);
       const int64_t chunk_codes = int64_t(chunk) * T::kChunkBlocks * layout::kBlockCodeBytes;
 #pragma unroll
       for (int it = 0; it < kCodeIters; ++it) {
@@ -178,6 +184,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
         ptx::cp_async_16(s_scales + threadIdx.x * 16,
                          scale_valid ? scale_src + int64_t(chunk) * T::kChunkBlocks * layout::kBlockScaleBytes : scales,
                          scale_valid ? 16 : 0);
+    };
+    auto load_act = [&](int chunk, int stage) {
+      uint16_t* s_act = reinterpret_cast<uint16_t*>(smem + stage * T::kStageBytes + T::kCodeBytes + T::kScaleBytes);
 #pragma unroll
       for (int i = 0; i < kActPieces; ++i) {
         const int piece = threadIdx.x + i * T::kThreads;
@@ -235,16 +244,28 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     };
 
     const int num_chunks = unit.chunk_end - unit.chunk_begin;
+    // The prologue: stage s holds chunk s (one cp.async group each; a group may also carry later
+    // stages' weights when they were issued before the wait, which only completes them earlier).
+#pragma unroll
+    for (int s = 0; s < T::kStages - 1; ++s)
+      if (s < num_chunks) load_weights(unit.chunk_begin + s, s);
+    if (!waited) {
+      ptx::griddepcontrol_wait();
+      waited = true;
+    }
 #pragma unroll
     for (int s = 0; s < T::kStages - 1; ++s) {
-      if (s < num_chunks) load_chunk(unit.chunk_begin + s, s);
+      if (s < num_chunks) load_act(unit.chunk_begin + s, s);
       ptx::cp_async_commit();
     }
     for (int c = 0; c < num_chunks; ++c) {
       ptx::cp_async_wait<T::kStages - 2>();
       __syncthreads();  // chunk c's stage landed for every thread; the stage refilled below is idle
       const int next = c + T::kStages - 1;
-      if (next < num_chunks) load_chunk(unit.chunk_begin + next, next % T::kStages);
+      if (next < num_chunks) {
+        load_weights(unit.chunk_begin + next, next % T::kStages);
+        load_act(unit.chunk_begin + next, next % T::kStages);
+      }
       ptx::cp_async_commit();
       compute_chunk(c % T::kStages);
     }
@@ -337,8 +358,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
 template <class T, Epilogue kEpi>
 void launch(const ExpertGemmArgs& a, const GemmOutput& out, cudaStream_t stream) {
   const int ctas = a.sm_count * T::kMinBlocksPerSm;  // persistent: one wave of resident CTAs
-  expert_gemm_kernel<T, kEpi><<<ctas, T::kThreads, T::kSmemBytes, stream>>>(a, out);
-  K3MOE_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(expert_gemm_kernel<T, kEpi>, ctas, T::kThreads, T::kSmemBytes, stream, a, out);
 }
 
 template <class T>

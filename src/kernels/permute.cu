@@ -7,6 +7,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "kernels/launch.cuh"
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
@@ -29,6 +30,8 @@ __global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
   extern __shared__ int32_t next_row[];  // [kWarps][num_local]
   using Scan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t slots = int64_t(a.tokens) * a.top_k;
@@ -95,6 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
   if (threadIdx.x == 0) {
     *a.num_active = num_active;
     a.tile_offset[num_active] = all_tiles;
+    a.unit_counters[0] = a.unit_counters[1] = 0;
   }
   __syncthreads();
 
@@ -125,11 +129,12 @@ void configure_permute_kernel() {
 
 void launch_permute(const PermuteArgs& args, cudaStream_t stream) {
   if (int64_t(args.tokens) * args.top_k <= kSmallSlots) {
-    permute_kernel<kSmallThreads><<<1, kSmallThreads, smem_bytes(kSmallThreads, args.num_local), stream>>>(args);
+    launch_dependent(permute_kernel<kSmallThreads>, 1, kSmallThreads, smem_bytes(kSmallThreads, args.num_local), stream,
+                     args);
   } else {
-    permute_kernel<kLargeThreads><<<1, kLargeThreads, smem_bytes(kLargeThreads, args.num_local), stream>>>(args);
+    launch_dependent(permute_kernel<kLargeThreads>, 1, kLargeThreads, smem_bytes(kLargeThreads, args.num_local), stream,
+                     args);
   }
-  K3MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace k3moe::kernels

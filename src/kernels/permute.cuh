@@ -25,6 +25,7 @@ struct PermuteArgs {
   int32_t* active_experts = nullptr;  // [num_local]: experts with rows, ascending
   int32_t* tile_offset = nullptr;     // [num_local + 1]: first tile of each active expert, then the total
   int32_t* num_active = nullptr;      // [1]
+  int* unit_counters = nullptr;       // [2] the GEMMs' unit counters, zeroed here
 };
 
 void launch_permute(const PermuteArgs& args, cudaStream_t stream);

@@ -3,6 +3,8 @@
 #include "kernels/quantize_mxfp8.cuh"
 
 #include "k3moe/formats.h"
+#include "kernels/launch.cuh"
+#include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
 namespace k3moe::kernels {
@@ -25,6 +27,8 @@ __device__ __forceinline__ void store_dequantized(const uint8_t (&codes)[kGroup]
 
 __global__ void __launch_bounds__(kThreads)
     quantize_mxfp8_kernel(const uint16_t* x, int64_t groups, Mxfp8Buffers out) {
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
   const int64_t group = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (group >= groups) return;
   uint4 in[4];
@@ -51,6 +55,8 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     dequantize_mxfp8_kernel(const uint8_t* codes, const uint8_t* scales, int64_t groups, uint16_t* x_dequant) {
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
   const int64_t group = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (group >= groups) return;
   uint8_t c[kGroup];
@@ -68,16 +74,15 @@ void launch_quantize_mxfp8(const uint16_t* x, int tokens, int hidden, const Mxfp
                            cudaStream_t stream) {
   const int64_t groups = int64_t(tokens) * hidden / kGroup;
   if (groups == 0) return;
-  quantize_mxfp8_kernel<<<blocks_for(groups), kThreads, 0, stream>>>(x, groups, out);
-  K3MOE_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(quantize_mxfp8_kernel, dim3(blocks_for(groups)), kThreads, 0, stream, x, groups, out);
 }
 
 void launch_dequantize_mxfp8(const uint8_t* codes, const uint8_t* scales, int tokens, int hidden,
                              uint16_t* x_dequant, cudaStream_t stream) {
   const int64_t groups = int64_t(tokens) * hidden / kGroup;
   if (groups == 0) return;
-  dequantize_mxfp8_kernel<<<blocks_for(groups), kThreads, 0, stream>>>(codes, scales, groups, x_dequant);
-  K3MOE_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(dequantize_mxfp8_kernel, dim3(blocks_for(groups)), kThreads, 0, stream, codes, scales, groups,
+                   x_dequant);
 }
 
 }  // namespace k3moe::kernels

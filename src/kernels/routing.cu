@@ -7,6 +7,8 @@
 #include "kernels/routing.cuh"
 
 #include "k3moe/formats.h"
+#include "kernels/launch.cuh"
+#include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
 namespace k3moe::kernels {
@@ -63,6 +65,8 @@ __global__ void __launch_bounds__(kThreads) routing_kernel(RoutingArgs a) {
   __shared__ float s_score[kRoutingMaxExperts];
   __shared__ uint64_t s_cand_key[kWarps * kRoutingMaxTopK];
   __shared__ float s_cand_score[kWarps * kRoutingMaxTopK];
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
   const int token = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* logits = a.logits + int64_t(token) * a.num_experts;
 
@@ -123,8 +127,7 @@ __global__ void __launch_bounds__(kThreads) routing_kernel(RoutingArgs a) {
 
 void launch_routing(const RoutingArgs& args, cudaStream_t stream) {
   if (args.tokens == 0) return;
-  routing_kernel<<<args.tokens, kThreads, 0, stream>>>(args);
-  K3MOE_CUDA_CHECK(cudaGetLastError());
+  launch_dependent(routing_kernel, args.tokens, kThreads, 0, stream, args);
 }
 
 }  // namespace k3moe::kernels

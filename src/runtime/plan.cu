@@ -209,9 +209,9 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
 
   const KernelChoice choice = kernel_choice(o, T, p.sm_count);
   kernels::launch_permute({ids, int(T), int(K), p.first_expert, p.num_local, ws.expert_offset, ws.row_token,
-                           ws.slot_row, 8 * int(choice.token_tile), ws.active_experts, ws.tile_offset, ws.num_active},
+                           ws.slot_row, 8 * int(choice.token_tile), ws.active_experts, ws.tile_offset, ws.num_active,
+                           ws.unit_counters},
                           stream);
-  K3MOE_CUDA_CHECK(cudaMemsetAsync(ws.unit_counters, 0, 2 * sizeof(int), stream));
 
   const int64_t rows = T * K;  // capacity of the row buffers
   kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token, ws.expert_offset,

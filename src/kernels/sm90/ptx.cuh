@@ -69,3 +69,15 @@ __device__ __forceinline__ uint32_t lanemask_lt() {
 }
 
 }  // namespace k3moe::ptx
+
+namespace k3moe::ptx {
+
+// Programmatic dependent launch (sm_90): block until the grids this one depends on have finished
+// and their memory is visible; a no-op when launched without the attribute.
+__device__ __forceinline__ void griddepcontrol_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// Let the next kernel in the stream start its CTAs (they wait in griddepcontrol_wait for ours).
+__device__ __forceinline__ void griddepcontrol_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+}  // namespace k3moe::ptx
