@@ -11,6 +11,8 @@
 
 namespace k3moe::kernels {
 
+inline constexpr int kMaxActivationSplits = 16;
+
 struct ActivationArgs {
   const float* h = nullptr;  // [splits][rows, 2I]
   int64_t split_stride = 0;  // elements between splits

@@ -1,8 +1,9 @@
-// One CTA of 4 warps per token. A choice key packs the choice, made orderable as an unsigned
-// integer, above the complement of the expert id: the larger key is the larger choice and, among
-// equal choices, the lower id. A NaN choice gets the smallest live key; a taken expert gets 0.
+// One CTA of 4 warps per token. The choice s + bias is made orderable as an unsigned integer
+// (larger choice, larger value; a NaN choice 1, below every number; 0 marks a taken expert).
 //   1. every thread scores up to 8 experts (sigmoid in float64, rounded once) into shared memory;
-//   2. each warp picks the top-K of its quarter of the experts by K rounds of (lane max, warp max);
+//   2. each warp picks the top-K of its quarter of the experts in K rounds: each lane's best, then
+//      the warp's largest choice (redux.sync max) and, among the lanes holding it, the lowest id
+//      (redux.sync min) -- ties go to the lower id;
 //   3. warp 0 picks the top-K of the 4 K candidates the same way: the global top-K, in order.
 #include "kernels/routing.cuh"
 
@@ -18,6 +19,7 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kPerLane = kRoutingMaxExperts / kThreads;  // experts per lane in step 2
 constexpr int kCandidatesPerLane = kWarps * kRoutingMaxTopK / 32;
+constexpr uint32_t kTaken = 0;
 
 __device__ __forceinline__ uint32_t orderable(float choice) {
   if (is_nan(choice)) return 1;
@@ -26,44 +28,46 @@ __device__ __forceinline__ uint32_t orderable(float choice) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-__device__ __forceinline__ int key_id(uint64_t key) { return int(0xFFFFFFFFu - uint32_t(key)); }
-
-// K rounds over the lane's N keys: the k-th round's winner (key, score) lands in lane k's outputs.
+// K rounds over the lane's N entries (choice order, expert id, score). Round k's winner goes to
+// lane k's outputs; winners are marked taken.
 template <int N>
-__device__ __forceinline__ void select_top_k(uint64_t (&key)[N], const float (&score)[N], int top_k, int lane,
-                                             uint64_t& out_key, float& out_score) {
+__device__ __forceinline__ void select_top_k(uint32_t (&order)[N], const uint32_t (&id)[N], const float (&score)[N],
+                                             int top_k, int lane, uint32_t& out_order, uint32_t& out_id,
+                                             float& out_score) {
   for (int k = 0; k < top_k; ++k) {
-    uint64_t best = 0;
-    float best_score = 0.0f;
+    uint32_t best_order = kTaken, best_id = 0xFFFFFFFFu;
+    int best_j = 0;
 #pragma unroll
     for (int j = 0; j < N; ++j)
-      if (key[j] > best) {
-        best = key[j];
-        best_score = score[j];
+      if (order[j] > best_order || (order[j] == best_order && order[j] != kTaken && id[j] < best_id)) {
+        best_order = order[j];
+        best_id = id[j];
+        best_j = j;
       }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      const uint64_t other = __shfl_xor_sync(0xFFFFFFFFu, best, offset);
-      const float other_score = __shfl_xor_sync(0xFFFFFFFFu, best_score, offset);
-      if (other > best) {
-        best = other;
-        best_score = other_score;
-      }
-    }
+    const uint32_t warp_order = __reduce_max_sync(0xFFFFFFFFu, best_order);
+    const uint32_t warp_id = __reduce_min_sync(0xFFFFFFFFu, best_order == warp_order ? best_id : 0xFFFFFFFFu);
+    const bool mine = best_order == warp_order && best_id == warp_id;
+    const int owner = __ffs(__ballot_sync(0xFFFFFFFFu, mine)) - 1;
+    float winner_score = 0.0f;
 #pragma unroll
     for (int j = 0; j < N; ++j)
-      if (key[j] == best) key[j] = 0;
+      if (mine && j == best_j) {
+        winner_score = score[j];
+        order[j] = kTaken;
+      }
+    winner_score = __shfl_sync(0xFFFFFFFFu, winner_score, owner);
     if (lane == k) {
-      out_key = best;
-      out_score = best_score;
+      out_order = warp_order;
+      out_id = warp_id;
+      out_score = winner_score;
     }
   }
 }
 
 __global__ void __launch_bounds__(kThreads) routing_kernel(RoutingArgs a) {
-  __shared__ uint64_t s_key[kRoutingMaxExperts];
+  __shared__ uint32_t s_order[kRoutingMaxExperts];
   __shared__ float s_score[kRoutingMaxExperts];
-  __shared__ uint64_t s_cand_key[kWarps * kRoutingMaxTopK];
+  __shared__ uint32_t s_cand_order[kWarps * kRoutingMaxTopK], s_cand_id[kWarps * kRoutingMaxTopK];
   __shared__ float s_cand_score[kWarps * kRoutingMaxTopK];
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
@@ -71,44 +75,47 @@ __global__ void __launch_bounds__(kThreads) routing_kernel(RoutingArgs a) {
   const float* logits = a.logits + int64_t(token) * a.num_experts;
 
   for (int e = threadIdx.x; e < kRoutingMaxExperts; e += kThreads) {
-    uint64_t key = 0;
+    uint32_t order = kTaken;  // absent experts never win
     float s = 0.0f;
     if (e < a.num_experts) {
       // The contract's sigmoid: evaluated in float64, rounded once to fp32.
       s = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(logits[e]))));
-      key = (uint64_t(orderable(s + a.bias[e])) << 32) | (0xFFFFFFFFu - uint32_t(e));
+      order = orderable(s + a.bias[e]);
     }
-    s_key[e] = key;
+    s_order[e] = order;
     s_score[e] = s;
   }
   __syncthreads();
 
-  uint64_t key[kPerLane];
+  uint32_t order[kPerLane], id[kPerLane];
   float score[kPerLane];
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int e = warp * (kRoutingMaxExperts / kWarps) + j * 32 + lane;
-    key[j] = s_key[e];
+    order[j] = s_order[e];
+    id[j] = uint32_t(e);
     score[j] = s_score[e];
   }
-  uint64_t cand_key = 0;
+  uint32_t cand_order = kTaken, cand_id = 0xFFFFFFFFu;
   float cand_score = 0.0f;
-  select_top_k(key, score, a.top_k, lane, cand_key, cand_score);
-  s_cand_key[warp * kRoutingMaxTopK + lane] = lane < a.top_k ? cand_key : 0;
+  select_top_k(order, id, score, a.top_k, lane, cand_order, cand_id, cand_score);
+  s_cand_order[warp * kRoutingMaxTopK + lane] = lane < a.top_k ? cand_order : kTaken;
+  s_cand_id[warp * kRoutingMaxTopK + lane] = cand_id;
   s_cand_score[warp * kRoutingMaxTopK + lane] = cand_score;
   __syncthreads();
   if (warp != 0) return;
 
-  uint64_t ckey[kCandidatesPerLane];
+  uint32_t corder[kCandidatesPerLane], cid[kCandidatesPerLane];
   float cscore[kCandidatesPerLane];
 #pragma unroll
   for (int j = 0; j < kCandidatesPerLane; ++j) {
-    ckey[j] = s_cand_key[j * 32 + lane];
+    corder[j] = s_cand_order[j * 32 + lane];
+    cid[j] = s_cand_id[j * 32 + lane];
     cscore[j] = s_cand_score[j * 32 + lane];
   }
-  uint64_t my_key = 0;
+  uint32_t my_order = kTaken, my_id = 0;
   float my_score = 0.0f;
-  select_top_k(ckey, cscore, a.top_k, lane, my_key, my_score);
+  select_top_k(corder, cid, cscore, a.top_k, lane, my_order, my_id, my_score);
   if (is_nan(my_score)) my_score = 0.0f;  // a NaN score weighs 0
 
   float weight = my_score;
@@ -118,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) routing_kernel(RoutingArgs a) {
     weight = my_score / (sum + 1e-20f);
   }
   if (lane < a.top_k) {
-    a.ids[int64_t(token) * a.top_k + lane] = key_id(my_key);
+    a.ids[int64_t(token) * a.top_k + lane] = int32_t(my_id);
     a.weights[int64_t(token) * a.top_k + lane] = weight * a.scaling;
   }
 }

@@ -1,5 +1,7 @@
 #include "runtime/heuristics.h"
 
+#include "kernels/activation.cuh"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -15,7 +17,7 @@ namespace {
 int choose_splits(double units, int chunks, double target) {
   if (units >= target / 2) return 1;
   int best = 1;
-  for (int d = 1; d <= chunks / 3; ++d) {
+  for (int d = 1; d <= std::min(chunks / 3, kernels::kMaxActivationSplits); ++d) {
     if (chunks % d) continue;
     best = d;
     if (units * d >= target) break;
