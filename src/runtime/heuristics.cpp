@@ -9,13 +9,13 @@
 namespace k3moe {
 namespace {
 
-// No split while the units fill half the resident CTAs: a unit restarts the cp.async pipeline, so
-// more, shorter units cost more than they balance (measured: local28 T=1 122 us unsplit, 157 us
-// split in 2, 198 us in 4; bench/NOTES.md). Below that, the smallest divisor d of `chunks`
-// (leaving >= 3 chunks per split, so the pipeline fills) with units * d >= target, or the
-// largest such divisor when none reaches it (ep32 T=8: 112 us unsplit, 87 us split in 7).
+// No split while the units fill the resident CTAs: a unit restarts the cp.async pipeline, so more,
+// shorter units cost more than they balance. Below that, the smallest divisor d of `chunks`
+// (leaving >= 3 chunks per split, so the pipeline fills) with units * d >= target, or the largest
+// such divisor when none reaches it. Measured on the H200 (bench/NOTES.md), splits 1 / 2 / 4:
+// local28 T=1 114 / 107 / 124 us; T=8 167 / 171 / 188 us; ep32 T=8 108 / 55 / 39 us.
 int choose_splits(double units, int chunks, double target) {
-  if (units >= target / 2) return 1;
+  if (units >= target) return 1;
   int best = 1;
   for (int d = 1; d <= std::min(chunks / 3, kernels::kMaxActivationSplits); ++d) {
     if (chunks % d) continue;
