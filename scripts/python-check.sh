@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The PyTorch binding on the GPU machine: build and install the package with pip (no network, no
+# build isolation, against the installed torch) into a temporary target directory, then run its
+# pytest suite there. Logs go to OUTDIR; a summary is printed last.
+#
+#   scripts/python-check.sh OUTDIR [pytest args...]
+#
+# Environment: PYTHON (default python3), K3MOE_REQUIRE_GPU (default 1: a test that would skip for
+# want of torch, the package or a Hopper GPU fails instead), BUILD_DIR (default build-py-wheel,
+# kept between runs so that a warm machine rebuilds only what changed), K3MOE_BIN (the k3moe
+# program for the oracle test; default: built here, host code only, into build-py-host).
+set -uo pipefail
+
+out=${1:?usage: scripts/python-check.sh OUTDIR [pytest args...]}
+shift
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-python3}
+build_dir=${BUILD_DIR:-$root/build-py-wheel}
+site=$(mktemp -d "${TMPDIR:-/tmp}/k3moe-site.XXXXXX")
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
+export K3MOE_REQUIRE_GPU=${K3MOE_REQUIRE_GPU:-1}
+if ! command -v nvcc > /dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+declare -a summary
+record() { summary+=("$(printf '%-22s %-6s %s' "$1" "$2" "$3")"); }
+finish() {
+  echo
+  echo "== python binding summary (commit $commit) =="
+  printf '%s\n' "${summary[@]}"
+  exit "$1"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/nvidia-smi.csv" 2>&1
+"$python" - > "$out/environment.txt" 2>&1 <<'EOF'
+import importlib, platform, sys
+print("python", sys.version.split()[0], platform.machine())
+for name in ("torch", "scikit_build_core", "pytest", "safetensors", "numpy"):
+    try:
+        module = importlib.import_module(name)
+        print(name, getattr(module, "__version__", "?"))
+    except ImportError as e:
+        print(name, "MISSING", e)
+import torch
+print("torch CUDA", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
+EOF
+echo "GPU: $(head -n 1 "$out/nvidia-smi.csv")"
+cat "$out/environment.txt"
+cmake --version | head -n 1
+
+# ---- build + install: pip runs scikit-build-core, which runs python/CMakeLists.txt
+start=$(date +%s)
+if "$python" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir --target "$site" \
+     --config-settings=build-dir="$build_dir" -v "$root/python" > "$out/pip-install.log" 2>&1; then
+  record "build + install" ok "$(( $(date +%s) - start )) s into $site"
+else
+  tail -n 40 "$out/pip-install.log"
+  record "build + install" FAIL "see pip-install.log"
+  finish 1
+fi
+ls -la "$site/k3moe" > "$out/installed.txt" 2>&1
+
+# ---- the library's float64 reference CLI, for the test of the tests' own reference (optional:
+# without it that test skips). DLPack's header is the copy the binding's build made from torch.
+if [ -z "${K3MOE_BIN:-}" ]; then
+  start=$(date +%s)
+  if cmake -S "$root" -B "$root/build-py-host" -DK3MOE_CUDA=OFF -DK3MOE_BUILD_TESTS=OFF \
+       -DDLPACK_INCLUDE_DIR="$build_dir/dlpack-from-torch" > "$out/reference-cli-build.log" 2>&1 &&
+     cmake --build "$root/build-py-host" --target k3moe_cli -j "$(nproc)" >> "$out/reference-cli-build.log" 2>&1; then
+    export K3MOE_BIN="$root/build-py-host/tools/k3moe"
+    record "reference CLI" ok "$(( $(date +%s) - start )) s"
+  else
+    record "reference CLI" skip "build failed, see reference-cli-build.log (the oracle test skips)"
+  fi
+fi
+
+# ---- tests: run from a directory outside the tree, so that `import k3moe` is the installed one
+start=$(date +%s)
+(cd "$site" && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$python" -m pytest -p no:cacheprovider -v -s -rs \
+   --junitxml="$out/pytest.xml" "$root/python/tests" "$@") > "$out/pytest.log" 2>&1
+rc=$?
+counts=$(tail -n 1 "$out/pytest.log" | sed 's/=//g')
+record "pytest" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$counts ($(( $(date +%s) - start )) s)"
+if [ $rc != 0 ]; then
+  grep -E '^(FAILED|ERROR)|Error' "$out/pytest.log" | head -n 30
+fi
+echo
+grep -E '^k3moe overhead|rel-L2 vs emulate' "$out/pytest.log" | sed 's/^/  /' | tail -n 40
+grep -E '^k3moe overhead' "$out/pytest.log" > "$out/overhead.txt"
+finish $rc
