@@ -2,10 +2,20 @@
 // full matrix.
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include "gpu_test.h"
 #include "validation/validation.h"
 
 namespace k3moe::validation {
+
+// gtest prints the case as its matrix row instead of its bytes.
+void PrintTo(const Case& c, std::ostream* os) {
+  Result r;
+  r.spec = c;
+  *os << result_line(r).substr(0, 60);
+}
+
 namespace {
 
 class QuickMatrix : public ::testing::TestWithParam<Case> {};
