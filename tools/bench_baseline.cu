@@ -2,6 +2,8 @@
 
 #include <cublasLt.h>
 
+#include "cublas_check.h"
+
 #include <map>
 #include <tuple>
 
@@ -14,11 +16,6 @@
 namespace k3moe::cli {
 namespace {
 
-#define K3MOE_CUBLAS_CHECK(call)                                                                       \
-  do {                                                                                                 \
-    const cublasStatus_t status_ = (call);                                                             \
-    if (status_ != CUBLAS_STATUS_SUCCESS) K3MOE_FAIL("cuBLASLt error ", int(status_), " in ", #call); \
-  } while (0)
 
 constexpr int kThreads = 256;
 

@@ -2,6 +2,8 @@
 
 #include <cublasLt.h>
 
+#include "cublas_check.h"
+
 #include <cstdint>
 
 #include "bench_timing.h"
@@ -11,11 +13,6 @@
 namespace k3moe::cli {
 namespace {
 
-#define K3MOE_CUBLAS_CHECK(call)                                                              \
-  do {                                                                                        \
-    const cublasStatus_t status_ = (call);                                                    \
-    if (status_ != CUBLAS_STATUS_SUCCESS) K3MOE_FAIL("cuBLASLt error ", int(status_), " in ", #call); \
-  } while (0)
 
 // Random finite values of the element type: bf16 with |x| in [2^-8, 2^2), or e4m3 codes with the
 // NaN codes avoided.

@@ -101,8 +101,9 @@ KernelLayout to_kernel_layout(const RankExperts& experts) {
   KernelLayout out{std::vector<uint8_t>(sizes.w13_codes), std::vector<uint8_t>(sizes.w13_scales),
                    std::vector<uint8_t>(sizes.w2_codes), std::vector<uint8_t>(sizes.w2_scales)};
   const MatrixView w13{2 * c.intermediate, c.hidden, true}, w2{c.hidden, c.intermediate, false};
-  const int64_t w13_codes = int64_t(w13.N) * w13.K / 2, w13_scales = int64_t(w13.N) * w13.K / 32;
-  const int64_t w2_codes = int64_t(w2.N) * w2.K / 2, w2_scales = int64_t(w2.N) * w2.K / 32;
+  const KernelLayoutSizes one = kernel_layout_sizes(c, ExpertParallel{c.num_experts, 0});  // per expert
+  const int64_t w13_codes = one.w13_codes, w13_scales = one.w13_scales, w2_codes = one.w2_codes,
+                w2_scales = one.w2_scales;
   const int I = c.intermediate;
   for_each_expert(experts.num_local, [&](int e) {
     matrix_to_kernel(w13, experts.w13_packed.data() + e * w13_codes, experts.w13_scale.data() + e * w13_scales,
@@ -123,8 +124,9 @@ RankExperts from_kernel_layout(const KernelLayout& in, const MoeConfig& c, int l
               "kernel layout buffers do not match the config (w13 codes ", in.w13_codes.size(), " bytes, expected ",
               sizes.w13_codes, ")");
   const MatrixView w13{2 * c.intermediate, c.hidden, true}, w2{c.hidden, c.intermediate, false};
-  const int64_t w13_codes = int64_t(w13.N) * w13.K / 2, w13_scales = int64_t(w13.N) * w13.K / 32;
-  const int64_t w2_codes = int64_t(w2.N) * w2.K / 2, w2_scales = int64_t(w2.N) * w2.K / 32;
+  const KernelLayoutSizes one = kernel_layout_sizes(c, ExpertParallel{c.num_experts, 0});  // per expert
+  const int64_t w13_codes = one.w13_codes, w13_scales = one.w13_scales, w2_codes = one.w2_codes,
+                w2_scales = one.w2_scales;
   const int I = c.intermediate;
   for_each_expert(out.num_local, [&](int e) {
     matrix_from_kernel(w13, in.w13_codes.data() + e * w13_codes, in.w13_scales.data() + e * w13_scales,
