@@ -65,6 +65,19 @@ else
   finish 1
 fi
 ls -la "$site/k3moe" > "$out/installed.txt" 2>&1
+# One C++ runtime in the process: the module must use torch's libstdc++, not carry its own copy
+# (a statically linked libstdc++ crashes in the first formatted message).
+lib="$site/k3moe/_k3moe_ops.so"
+if [ ! -f "$lib" ]; then
+  record "build + install" FAIL "no k3moe/_k3moe_ops.so in the installed package (see installed.txt)"
+  finish 1
+fi
+readelf -d "$lib" >> "$out/installed.txt" 2>&1
+if ! readelf -d "$lib" | grep -q 'NEEDED.*libstdc++' || nm -D --defined-only "$lib" | grep -q ' _ZNSt6locale'; then
+  record "C++ runtime" FAIL "libstdc++ is linked statically into _k3moe_ops.so (see installed.txt, pip-install.log)"
+  finish 1
+fi
+record "C++ runtime" ok "$(grep -o 'k3moe torch binding: .*' "$out/pip-install.log" | head -n 1 | cut -c 22-)"
 
 # ---- the library's float64 reference CLI, for the test of the tests' own reference (optional:
 # without it that test skips). DLPack's header is the copy the binding's build made from torch.

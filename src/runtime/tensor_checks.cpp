@@ -65,17 +65,21 @@ std::string describe_tensor(const DLTensor& t) {
 
 void check_tensor(const DLTensor* t, const char* name, DLDataType dtype, std::initializer_list<int64_t> shape,
                   int device) {
-  std::ostringstream want;
-  want << shape_string(shape) << " " << dtype_name(dtype) << " on cuda:" << device;
-  K3MOE_CHECK(t != nullptr, name, " must be ", want.str(), ", got no tensor");
+  // NOTE: the messages are formatted only on failure: this runs on every forward.
+  auto want = [&] {
+    std::ostringstream out;
+    out << shape_string(shape) << " " << dtype_name(dtype) << " on cuda:" << device;
+    return out.str();
+  };
+  if (t == nullptr) K3MOE_FAIL(name, " must be ", want(), ", got no tensor");
   bool ok = t->ndim == int(shape.size()) && same_dtype(t->dtype, dtype) && t->device.device_type == kDLCUDA &&
             t->device.device_id == device;
   if (ok) {
     int d = 0;
     for (int64_t extent : shape) ok = ok && t->shape[d++] == extent;
   }
-  K3MOE_CHECK(ok, name, " must be ", want.str(), ", got ", describe_tensor(*t));
-  K3MOE_CHECK(is_contiguous(*t), name, " must be contiguous (row-major), got ", describe_tensor(*t), " with other strides");
+  if (!ok) K3MOE_FAIL(name, " must be ", want(), ", got ", describe_tensor(*t));
+  if (!is_contiguous(*t)) K3MOE_FAIL(name, " must be contiguous (row-major), got ", describe_tensor(*t), " with other strides");
   int64_t numel = 1;
   for (int64_t extent : shape) numel *= extent;
   K3MOE_CHECK(numel == 0 || t->data != nullptr, name, " has ", numel, " elements but no data pointer");

@@ -1,0 +1,247 @@
+"""Bad inputs raise RuntimeError naming the argument, one test per argument and fault; errors that
+the library raises (k3moe::Error) come through with the library's message."""
+
+import re
+
+import pytest
+
+from k3moe_test_env import require_package
+
+torch, k3moe = require_package()
+import k3moe_torch_cases as cases  # noqa: E402
+
+hopper = pytest.mark.hopper
+
+SMALL = dict(num_experts=16, top_k=4, hidden=512, intermediate=256)
+T = 6
+
+
+def expect_error(pattern, fn, *args, **kwargs):
+    with pytest.raises(RuntimeError, match=pattern) as info:
+        fn(*args, **kwargs)
+    return str(info.value)
+
+
+# ---------------------------------------------------------------------------- without a GPU
+
+
+def cpu_raw(num_local=2, hidden=128, intermediate=128):
+    return list(cases.random_experts(num_local, hidden, intermediate, seed=0, device="cpu"))
+
+
+def test_forward_cpu_x_is_named():
+    x = torch.zeros((T, 512), dtype=torch.bfloat16)
+    experts = [torch.zeros((16, 1), dtype=torch.uint8)] * 4
+    expect_error(r"k3moe\.forward: x must be a CUDA tensor, got \[6, 512\] bfloat16 on cpu",
+                 torch.ops.k3moe.forward, x, torch.zeros((T, 4), dtype=torch.int32), torch.zeros((T, 4)), *experts,
+                 **k3moe.MoeConfig(**SMALL).forward_kwargs())
+
+
+def test_route_cpu_logits_are_named():
+    expect_error(r"k3moe\.route: router_logits must be a CUDA tensor, got \[6, 16\] float32 on cpu",
+                 k3moe.route, torch.zeros((T, 16)), torch.zeros(16), 4)
+
+
+@pytest.mark.parametrize("index, name, shape", [(0, "w13_packed", "[2, 256, 64]"), (1, "w13_scale", "[2, 256, 4]"),
+                                                 (2, "w2_packed", "[2, 128, 64]"), (3, "w2_scale", "[2, 128, 4]")])
+def test_prepare_wrong_dtype_is_named(index, name, shape):
+    raw = cpu_raw()
+    raw[index] = raw[index].to(torch.int16)
+    expect_error(rf"k3moe\.prepare_experts: {name} must be {re.escape(shape)} uint8 on cpu, got .* int16",
+                 k3moe.prepare_experts, *raw)
+
+
+@pytest.mark.parametrize("index, name", [(1, "w13_scale"), (2, "w2_packed"), (3, "w2_scale")])
+def test_prepare_wrong_shape_is_named(index, name):
+    raw = cpu_raw()
+    raw[index] = raw[index][:, :-1].contiguous()
+    expect_error(rf"k3moe\.prepare_experts: {name} must be \[2, ", k3moe.prepare_experts, *raw)
+
+
+def test_prepare_w13_packed_rank_is_named():
+    raw = cpu_raw()
+    raw[0] = raw[0].flatten(1)
+    expect_error(r"k3moe\.prepare_experts: w13_packed must be \[E, 2I, H/2\] uint8", k3moe.prepare_experts, *raw)
+
+
+def test_prepare_library_error_comes_through():
+    """A scale byte the kernels cannot take (129: a group scale of 4) is the library's error."""
+    raw = cpu_raw()
+    raw[3][1, 5, 2] = 129
+    message = expect_error(r"k3moe\.prepare_experts: expert 1 w2\.weight_scale\[5, 2\] = 129 \(2\^2\): the kernels "
+                           r"take E8M0 scales 0\.\.128", k3moe.prepare_experts, *raw)
+    assert re.search(r"\[.*device_experts\.cu:\d+\]", message), f"no library location in: {message}"
+
+
+def test_prepare_bad_dimensions_are_the_library_error():
+    raw = cpu_raw(hidden=96)  # H not a multiple of 64
+    message = expect_error(r"k3moe\.prepare_experts: .*multiples? of 64", k3moe.prepare_experts, *raw)
+    assert "96" in message
+
+
+def test_prepare_devices_must_agree_named():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device for a second device")
+    raw = cpu_raw()
+    raw[2] = raw[2].cuda()
+    expect_error(r"k3moe\.prepare_experts: w2_packed must be .* on cpu, got .* on cuda:0", k3moe.prepare_experts, *raw)
+
+
+def test_checkpoint_error_comes_through(tmp_path):
+    expect_error(r"k3moe\.Checkpoint: .*", torch.classes.k3moe.Checkpoint, str(tmp_path / "absent"))
+
+
+# --------------------------------------------------------------------------------- on the GPU
+
+
+@pytest.fixture(scope="module")
+def valid():
+    """Valid arguments of torch.ops.k3moe.forward_out for the small configuration."""
+    config = k3moe.MoeConfig(**SMALL)
+    experts = k3moe.prepare_experts(*cases.random_experts(16, 512, 256, seed=1))
+    x = cases.random_x(T, 512, seed=2)
+    ids, weights = cases.random_routing(T, 16, 4, seed=3)
+    out = torch.empty((T, 512), dtype=torch.bfloat16, device="cuda")
+    args = dict(x=x, topk_ids=ids, topk_weights=weights, w13_codes=experts[0], w13_scales=experts[1],
+                w2_codes=experts[2], w2_scales=experts[3], out=out)
+    torch.ops.k3moe.forward_out(**args, **config.forward_kwargs())  # valid as given
+    return args, config.forward_kwargs()
+
+
+def call_forward_out(valid, **changes):
+    args, kwargs = valid
+    merged = {**args, **kwargs, **changes}
+    torch.ops.k3moe.forward_out(**merged)
+
+
+def non_contiguous(t):
+    wide = torch.zeros((t.shape[0], 2 * t.shape[1]), dtype=t.dtype, device=t.device)
+    return wide[:, ::2]
+
+
+def misaligned(t):
+    flat = torch.zeros(t.numel() + 1, dtype=t.dtype, device=t.device)
+    return flat[1:].view(t.shape)
+
+
+TENSOR_FAULTS = [
+    # argument, fault, expected message (after "k3moe.forward_out: ")
+    ("x", lambda t: t.float(), r"x must be \[6, 512\] bfloat16 on cuda:0, got \[6, 512\] float32 on cuda:0"),
+    ("x", lambda t: t[:, :384].contiguous(), r"x must be \[6, 512\] bfloat16 on cuda:0, got \[6, 384\]"),
+    ("x", lambda t: t.flatten(), r"x must have 2 dimensions, got \[3072\]"),
+    ("x", lambda t: t.cpu(), r"x must be a CUDA tensor, got \[6, 512\] bfloat16 on cpu"),
+    ("x", non_contiguous, r"x must be contiguous"),
+    ("x", misaligned, r"x must start 16-byte aligned"),
+    ("topk_ids", lambda t: t.long(), r"topk_ids must be \[6, 4\] int32 on cuda:0, got \[6, 4\] int64"),
+    ("topk_ids", lambda t: t[:, :3].contiguous(), r"topk_ids must be \[6, 4\] int32 on cuda:0, got \[6, 3\] int32"),
+    ("topk_ids", lambda t: t.cpu(), r"topk_ids must be \[6, 4\] int32 on cuda:0, got \[6, 4\] int32 on cpu"),
+    ("topk_ids", non_contiguous, r"topk_ids must be contiguous"),
+    ("topk_weights", lambda t: t.bfloat16(), r"topk_weights must be \[6, 4\] float32 on cuda:0, got .* bfloat16"),
+    ("topk_weights", lambda t: t[:5].contiguous(), r"topk_weights must be \[6, 4\] float32 on cuda:0, got \[5, 4\]"),
+    ("topk_weights", lambda t: t.cpu(), r"topk_weights must be .* on cuda:0, got .* on cpu"),
+    ("w13_codes", lambda t: t[:8].contiguous(), r"w13_codes must be \[16, 131072\] uint8 on cuda:0, got \[8, 131072\]"),
+    ("w13_codes", lambda t: t.view(torch.int8), r"w13_codes must be .* uint8 on cuda:0, got .* int8"),
+    ("w13_codes", lambda t: t.cpu(), r"w13_codes must be .* on cuda:0, got .* on cpu"),
+    ("w13_scales", lambda t: t[:, :100].contiguous(), r"w13_scales must be \[16, 8192\] uint8 on cuda:0, got \[16, 100\]"),
+    ("w13_scales", lambda t: t.cpu(), r"w13_scales must be .* on cuda:0, got .* on cpu"),
+    ("w2_codes", lambda t: t.flatten(), r"w2_codes must be \[16, 65536\] uint8 on cuda:0, got \[1048576\]"),
+    ("w2_codes", non_contiguous, r"w2_codes must be contiguous"),
+    ("w2_scales", lambda t: t.view(torch.int32), r"w2_scales must be \[16, 4096\] uint8 on cuda:0, got \[16, 1024\] int32"),
+    ("w2_scales", lambda t: t.cpu(), r"w2_scales must be .* on cuda:0, got .* on cpu"),
+    ("out", lambda t: t.float(), r"out must be \[6, 512\] bfloat16 on cuda:0, got \[6, 512\] float32"),
+    ("out", lambda t: t[:4].contiguous(), r"out must be \[6, 512\] bfloat16 on cuda:0, got \[4, 512\]"),
+    ("out", lambda t: t.cpu(), r"out must be .* on cuda:0, got .* on cpu"),
+    ("out", non_contiguous, r"out must be contiguous"),
+]
+
+
+@hopper
+@pytest.mark.parametrize("name, fault, message", TENSOR_FAULTS,
+                         ids=[f"{name}-{i}" for i, (name, _, _) in enumerate(TENSOR_FAULTS)])
+def test_forward_bad_tensor_is_named(valid, name, fault, message):
+    expect_error(r"k3moe\.forward_out: " + message, call_forward_out, valid, **{name: fault(valid[0][name])})
+
+
+CONFIG_FAULTS = [
+    # keyword, value, expected message: the binding's or the library's (validating the plan)
+    ("num_experts", 15, r"EP size 1 must divide|w13_codes must be \[15"),
+    ("num_experts", 2000, r"routing supports up to 1024 experts, got 2000"),
+    ("top_k", 0, r"num_experts_per_token \(K\) must be in \[1, num_experts = 16\], got 0"),
+    ("top_k", 40, r"num_experts_per_token \(K\)|top_k must be <= 32, got 40"),
+    ("hidden", 448, r"the expert GEMMs need H and I to be multiples of 128, got H = 448"),
+    ("intermediate", 192, r"the expert GEMMs need H and I to be multiples of 128, got H = 512, I = 192"),
+    ("precision", "fp4", r'mode must be "a16" or "mxfp8", got "fp4"'),
+    ("activation", "gelu", r'activation must be "situ", "swiglu" or "swiglu_oai", got "gelu"'),
+    ("situ_beta", 0.0, r"activation_situ_beta must be finite and > 0, got 0"),
+    ("situ_linear_beta", float("inf"), r"situ_linear_beta must be finite and > 0"),
+    ("swiglu_alpha", float("nan"), r"swiglu_alpha must be finite"),
+    ("swiglu_limit", -1.0, r"swiglu_limit must be finite and > 0, got -1"),
+    ("ep_size", 3, r"EP size 3 must divide num_experts = 16"),
+    ("ep_rank", 1, r"EP rank must be in \[0, 1\), got 1"),
+    ("ep_rank", 2 ** 40, r"ep_rank is out of range"),
+]
+
+
+@hopper
+@pytest.mark.parametrize("keyword, value, message", CONFIG_FAULTS,
+                         ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(CONFIG_FAULTS)])
+def test_forward_bad_config_is_named(valid, keyword, value, message):
+    expect_error(r"k3moe\.forward_out: .*(" + message + ")", call_forward_out, valid, **{keyword: value})
+
+
+@hopper
+def test_forward_x_scales_rules(valid):
+    args, kwargs = valid
+    x, codes = args["x"], torch.zeros((T, 512), dtype=torch.uint8, device="cuda")
+    scales = torch.zeros((T, 4), dtype=torch.int32, device="cuda")
+    mxfp8 = dict(kwargs, precision="mxfp8")
+    expect_error(r"x_scales is only taken with a pre-quantized x", call_forward_out, (args, mxfp8), x=x,
+                 x_scales=scales)
+    expect_error(r'x is \[6, 512\] uint8 on cuda:0 \(pre-quantized MXFP8 codes\), which needs precision "mxfp8"',
+                 call_forward_out, valid, x=codes, x_scales=scales)
+    expect_error(r"x_scales must be \[6, 4\] int32 on cuda:0, got no tensor", call_forward_out, (args, mxfp8), x=codes)
+    expect_error(r"x_scales must be \[6, 4\] int32 on cuda:0, got \[6, 16\] uint8", call_forward_out, (args, mxfp8),
+                 x=codes, x_scales=torch.zeros((T, 16), dtype=torch.uint8, device="cuda"))
+    expect_error(r"x_scales must be \[6, 4\] int32 on cuda:0, got .* on cpu", call_forward_out, (args, mxfp8),
+                 x=codes, x_scales=scales.cpu())
+
+
+@hopper
+def test_forward_allocating_op_checks_too(valid):
+    args, kwargs = valid
+    inputs = {k: v for k, v in args.items() if k != "out"}
+    expect_error(r"k3moe\.forward: topk_weights must be \[6, 4\] float32 on cuda:0, got \[6, 4\] float64",
+                 torch.ops.k3moe.forward, **dict(inputs, topk_weights=inputs["topk_weights"].double()), **kwargs)
+
+
+@hopper
+@pytest.mark.parametrize("argument, change, message", [
+    ("router_logits", lambda l, b: (l.half(), b), r"router_logits must be \[6, 16\] float32 on cuda:0, got .* float16"),
+    ("router_logits", lambda l, b: (l.flatten(), b), r"router_logits must have 2 dimensions, got \[96\]"),
+    ("router_logits", lambda l, b: (non_contiguous(l), b), r"router_logits must be contiguous"),
+    ("router_bias", lambda l, b: (l, b[:15].contiguous()), r"router_bias must be \[16\] float32 on cuda:0, got \[15\]"),
+    ("router_bias", lambda l, b: (l, b.double()), r"router_bias must be \[16\] float32 on cuda:0, got \[16\] float64"),
+    ("router_bias", lambda l, b: (l, b.cpu()), r"router_bias must be \[16\] float32 on cuda:0, got \[16\] float32 on cpu"),
+])
+def test_route_bad_tensor_is_named(argument, change, message):
+    logits, bias = change(torch.randn((T, 16), device="cuda"), torch.zeros(16, device="cuda"))
+    expect_error(r"k3moe\.route: " + message, k3moe.route, logits, bias, 4)
+
+
+@hopper
+@pytest.mark.parametrize("top_k, message", [(0, r"num_experts_per_token \(K\) must be in \[1, num_experts = 16\]"),
+                                            (17, r"num_experts_per_token \(K\) must be in \[1, num_experts = 16\]")])
+def test_route_bad_top_k_is_the_library_error(top_k, message):
+    expect_error(r"k3moe\.route: " + message, k3moe.route, torch.randn((T, 16), device="cuda"),
+                 torch.zeros(16, device="cuda"), top_k)
+
+
+@hopper
+def test_module_route_without_bias():
+    config = k3moe.MoeConfig(**SMALL)
+    module = k3moe.nn.KimiK3RoutedExperts.from_tensors(*cases.random_experts(16, 512, 256, seed=4), config=config)
+    with pytest.raises(ValueError, match="no router bias"):
+        module.route(torch.randn((T, 16), device="cuda"))
+    with pytest.raises(ValueError, match="must hold the rank's 8 experts"):
+        k3moe.nn.KimiK3RoutedExperts.from_tensors(*cases.random_experts(16, 512, 256, seed=4),
+                                                  config=k3moe.MoeConfig(**SMALL, ep_size=2))

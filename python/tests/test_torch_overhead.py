@@ -1,0 +1,104 @@
+"""The forward op's cost through PyTorch at T = 1, launch to launch: called eagerly from Python
+(arguments by position, as k3moe.forward passes them), and replayed as a CUDA graph holding one
+forward. Printed (run pytest with -s, or read the
+`k3moe overhead` lines in the log); asserted: the eager call costs at most 15 us more than the
+graph replay (issue 6). The device time of one forward (a graph of 20 forwards, divided by 20) and
+the C++ benchmark's row for the same shape (bench/results, when present) are printed beside it.
+"""
+
+import glob
+import json
+import os
+import time
+
+import pytest
+
+from k3moe_test_env import require_package
+
+torch, k3moe = require_package()
+import k3moe_torch_cases as cases  # noqa: E402
+
+pytestmark = pytest.mark.hopper
+
+EAGER_OVERHEAD_LIMIT_US = 15.0
+CALLS = 300
+
+
+def per_call_us(fn, calls=CALLS):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def graph_of(fn, repeats=1):
+    fn()  # the plan exists before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            fn()
+    return graph
+
+
+def cpp_bench_row(mode: str):
+    """The newest decode benchmark's T = 1, local28, 16-active-experts row, if the tree has one."""
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "results")
+    for path in sorted(glob.glob(os.path.join(root, "*decode*.json")), reverse=True):
+        with open(path) as f:
+            result = json.load(f)
+        for row in result.get("rows", []):
+            if row.get("tokens") == 1 and row.get("mode") == mode and row.get("shape") == "local28":
+                return f"{row['us']:.1f} us ({os.path.basename(path)}, commit {result.get('commit')})"
+    return "none in bench/results"
+
+
+def measure(label, config, experts, ids, mode_note=""):
+    x = cases.random_x(1, config.hidden, seed=1)
+    weights = torch.rand((1, config.top_k), device="cuda")
+    op = torch.ops.k3moe.forward.default
+    args, kwargs = (x, ids, weights, *experts, *config.op_args), config.forward_kwargs()
+
+    def call_op():
+        return op(*args)
+
+    def call_op_keywords():
+        return op(x, ids, weights, *experts, **kwargs)
+
+    def call_python_api():
+        return k3moe.forward(x, ids, weights, experts, config)
+
+    eager = per_call_us(call_op)
+    eager_keywords = per_call_us(call_op_keywords)
+    eager_api = per_call_us(call_python_api)
+    graph = graph_of(call_op)
+    replay = per_call_us(graph.replay)
+    device = per_call_us(graph_of(call_op, repeats=20).replay, calls=CALLS // 10) / 20
+    overhead = eager - replay
+    print(f"\nk3moe overhead [{label}] T=1: eager op {eager:.1f} us (config by keyword {eager_keywords:.1f} us, "
+          f"k3moe.forward() {eager_api:.1f} us), graph replay {replay:.1f} us, device time {device:.1f} us per "
+          f"forward; eager overhead {overhead:.1f} us (limit {EAGER_OVERHEAD_LIMIT_US}){mode_note}")
+    return overhead
+
+
+def test_overhead_small():
+    """H = 512, I = 256, E = 16, K = 4: the device time is a few us, so this measures the host path."""
+    config = k3moe.MoeConfig(num_experts=16, top_k=4, hidden=512, intermediate=256)
+    experts = k3moe.prepare_experts(*cases.random_experts(16, 512, 256, seed=2))
+    ids = torch.tensor([[3, 9, 12, 0]], dtype=torch.int32, device="cuda")
+    overhead = measure("H 512, I 256, E 16, K 4", config, experts, ids)
+    assert overhead <= EAGER_OVERHEAD_LIMIT_US, f"eager overhead {overhead:.1f} us > {EAGER_OVERHEAD_LIMIT_US} us"
+
+
+def test_overhead_kimi_k3():
+    """Kimi-K3, EP32 rank 0 (28 local experts), all 16 slots on this rank (the C++ decode bench's row)."""
+    config = k3moe.MoeConfig(ep_size=32, ep_rank=0)
+    experts = k3moe.prepare_experts(*cases.random_experts(28, config.hidden, config.intermediate, seed=3))
+    ids = torch.arange(6, 22, dtype=torch.int32, device="cuda").unsqueeze(0)  # 16 of the 28 local experts
+    overhead = measure("Kimi-K3 local28, 16 active", config, experts, ids,
+                       mode_note=f"; C++ bench: {cpp_bench_row('a16')}")
+    assert overhead <= EAGER_OVERHEAD_LIMIT_US, f"eager overhead {overhead:.1f} us > {EAGER_OVERHEAD_LIMIT_US} us"
