@@ -67,7 +67,7 @@ fi
 
 if want validate; then
   start=$(date +%s)
-  "$k3moe" validate --json "$out/validation.json" > "$out/validation.log" 2>&1
+  "$k3moe" validate --commit "$commit" --json "$out/validation.json" > "$out/validation.log" 2>&1
   rc=$?
   record "validate (full matrix)" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(tail -n 2 "$out/validation.log" | head -n 1) ($(( $(date +%s) - start )) s)"
   [ $rc = 0 ] || { status=1; grep -E 'FAIL' "$out/validation.log" | head -20; }

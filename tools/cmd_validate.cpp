@@ -16,12 +16,13 @@ void register_validate(CLI::App& app) {
   auto* cmd = app.add_subcommand("validate", "Run the validation matrix on the GPU against the float64 reference");
   struct Options {
     bool quick = false;
-    std::string filter, json;
+    std::string filter, json, commit = "unknown";
   };
   auto opt = std::make_shared<Options>();
   cmd->add_flag("--quick", opt->quick, "A representative subset (for sanitizer runs)");
   cmd->add_option("--filter", opt->filter, "Only cases whose row contains this text (e.g. mxfp8, k3-local28)");
   cmd->add_option("--json", opt->json, "Write the results as JSON to this file");
+  cmd->add_option("--commit", opt->commit, "The commit being validated (recorded in the JSON)");
   cmd->callback([opt] {
     std::string why;
     K3MOE_CHECK(hopper_gpu_available(&why), "validate needs a Hopper GPU: ", why);
@@ -40,7 +41,7 @@ void register_validate(CLI::App& app) {
     }
     std::printf("%zu cases, %d failed\n", results.size(), failures);
     if (!opt->json.empty()) {
-      std::ofstream(opt->json) << validation::results_json(results) << "\n";
+      std::ofstream(opt->json) << validation::results_json(results, opt->commit) << "\n";
       std::printf("wrote %s\n", opt->json.c_str());
     }
     if (failures > 0) throw ExitCode{1};

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <random>
@@ -473,7 +474,7 @@ std::string result_line(const Result& r) {
   return buf;
 }
 
-std::string results_json(const std::vector<Result>& results) {
+std::string results_json(const std::vector<Result>& results, const std::string& commit) {
   nlohmann::json rows = nlohmann::json::array();
   for (const Result& r : results) {
     const Case& c = r.spec;
@@ -507,7 +508,18 @@ std::string results_json(const std::vector<Result>& results) {
                     {"failure", r.failure},
                     {"seconds", r.seconds}});
   }
-  return rows.dump(1);
+  cudaDeviceProp prop{};
+  int driver = 0;
+  cudaGetDeviceProperties(&prop, 0);
+  cudaDriverGetVersion(&driver);
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  int failed = 0;
+  for (const Result& r : results) failed += r.pass ? 0 : 1;
+  nlohmann::json doc{{"machine", prop.name}, {"driver", driver}, {"commit", commit}, {"date", date},
+                     {"cases", results.size()}, {"failed", failed}, {"rows", rows}};
+  return doc.dump(1);
 }
 
 }  // namespace k3moe::validation

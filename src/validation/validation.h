@@ -73,6 +73,7 @@ std::string routing_name(RoutingKind r);
 std::string poison_name(Poison p);
 std::string header_line();
 std::string result_line(const Result& r);
-std::string results_json(const std::vector<Result>& results);
+// The results with the device, driver, commit and date they were read on.
+std::string results_json(const std::vector<Result>& results, const std::string& commit);
 
 }  // namespace k3moe::validation
