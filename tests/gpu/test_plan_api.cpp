@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.h"
 #include "gpu_test.h"
 #include "k3moe/error.h"
 #include "k3moe/synthetic.h"
@@ -31,14 +32,6 @@ RankExperts small_experts(ExpertParallel ep = {1, 0}) {
   return synthesize_experts(spec, spec.config.first_moe_layer(), ep);
 }
 
-void expect_error_mentions(const std::function<void()>& fn, const std::vector<std::string>& words) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    for (const auto& w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what() << "\nmissing: " << w;
-  }
-}
 
 TEST(DeviceExperts, RoundTripThroughKernelLayout) {
   K3MOE_REQUIRE_GPU();
@@ -57,7 +50,7 @@ TEST(DeviceExperts, RejectsScalesTheKernelsCannotHold) {
   RankExperts host = small_experts();
   const MoeConfig& c = host.config;
   host.w13_scale[int64_t(c.intermediate + 5) * (c.hidden / 32) + 2] = 140;  // w3 (up) row 5, group 2, expert 0
-  expect_error_mentions([&] { DeviceExperts::upload(host, 0); }, {"expert 0", "w3.weight_scale[5, 2]", "140"});
+  testing::expect_error([&] { DeviceExperts::upload(host, 0); }, {"expert 0", "w3.weight_scale[5, 2]", "140"});
 }
 
 struct Buffers {
@@ -85,22 +78,22 @@ TEST(MoePlan, RejectsBadTensorsNamingThem) {
   DeviceTensor wrong_dtype({4, c.hidden}, kF32, 0);
   ForwardArgs a = b.args();
   a.x = wrong_dtype.dl();
-  expect_error_mentions([&] { plan.forward(experts, a, nullptr); }, {"x must be", "bfloat16", "float32", "[4, 256]"});
+  testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"x must be", "bfloat16", "float32", "[4, 256]"});
 
   DeviceTensor wrong_shape({4, c.hidden - 32}, kBf16, 0);
   a = b.args();
   a.x = wrong_shape.dl();
-  expect_error_mentions([&] { plan.forward(experts, a, nullptr); }, {"x must be", "[4, 224]"});
+  testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"x must be", "[4, 224]"});
 
   DeviceTensor short_ids({3, c.top_k}, kI32, 0);
   a = b.args();
   a.topk_ids = short_ids.dl();
-  expect_error_mentions([&] { plan.forward(experts, a, nullptr); }, {"topk_ids must be [4, 2] int32", "[3, 2]"});
+  testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"topk_ids must be [4, 2] int32", "[3, 2]"});
 
   DeviceTensor out_f32({4, c.hidden}, kF32, 0);
   a = b.args();
   a.out = out_f32.dl();
-  expect_error_mentions([&] { plan.forward(experts, a, nullptr); }, {"out must be", "float32"});
+  testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"out must be", "float32"});
 
   std::vector<uint16_t> host(4 * c.hidden, 0);
   DLTensor on_cpu = *b.x.dl();
@@ -108,26 +101,26 @@ TEST(MoePlan, RejectsBadTensorsNamingThem) {
   on_cpu.device = DLDevice{kDLCPU, 0};
   a = b.args();
   a.x = &on_cpu;
-  expect_error_mentions([&] { plan.forward(experts, a, nullptr); }, {"x must be", "on cpu"});
+  testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"x must be", "on cpu"});
 
   int64_t strides[2] = {1, 4};
   DLTensor transposed = *b.x.dl();
   transposed.strides = strides;
   a = b.args();
   a.x = &transposed;
-  expect_error_mentions([&] { plan.forward(experts, a, nullptr); }, {"x must be contiguous"});
+  testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"x must be contiguous"});
 
   Buffers too_many(17, c);
-  expect_error_mentions([&] { plan.forward(experts, too_many.args(), nullptr); }, {"17 tokens", "at most 16"});
+  testing::expect_error([&] { plan.forward(experts, too_many.args(), nullptr); }, {"17 tokens", "at most 16"});
 
   DeviceTensor codes({4, c.hidden}, kU8, 0);
   a = b.args();
   a.x = codes.dl();
-  expect_error_mentions([&] { plan.forward(experts, a, nullptr); }, {"uint8", "a16"});
+  testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"uint8", "a16"});
 
   a = b.args();
   a.topk_ids = nullptr;
-  expect_error_mentions([&] { plan.forward(experts, a, nullptr); }, {"topk_ids + topk_weights or router_logits"});
+  testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"topk_ids + topk_weights or router_logits"});
 }
 
 TEST(MoePlan, ZeroTokensReturnsAtOnce) {
@@ -144,10 +137,10 @@ TEST(MoePlan, RejectsShapesTheKernelsDoNotTake) {
   K3MOE_REQUIRE_GPU();
   MoeConfig c = small_config();
   c.hidden = 192;  // a multiple of 64, not of 128
-  expect_error_mentions([&] { MoePlan::create({c, 16, Mode::A16, Activation::Situ, c.activation_params, {1, 0}, 0}); },
+  testing::expect_error([&] { MoePlan::create({c, 16, Mode::A16, Activation::Situ, c.activation_params, {1, 0}, 0}); },
                         {"multiples of 128", "H = 192"});
   c = small_config();
-  expect_error_mentions([&] { MoePlan::create({c, 16, Mode::A16, Activation::Situ, c.activation_params, {3, 0}, 0}); },
+  testing::expect_error([&] { MoePlan::create({c, 16, Mode::A16, Activation::Situ, c.activation_params, {3, 0}, 0}); },
                         {"3"});
 }
 
