@@ -86,15 +86,18 @@ struct Options {
   std::vector<int> tokens;
   std::string mode;
   bool no_baseline = false;
-  int splits = 0;  // > 0: PlanOptions::gemm1_splits and gemm2_splits
+  std::vector<int> splits;  // {both} or {GEMM1, GEMM2}; 0: the heuristic's
 };
 
 Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
-             const Ceilings& ceil, bool with_baseline, int splits) {
+             const Ceilings& ceil, bool with_baseline, const std::vector<int>& splits) {
   const MoeConfig& cfg = shape.config;
   const int64_t T = c.tokens, H = cfg.hidden, E = cfg.num_experts, K = cfg.top_k;
   PlanOptions options{cfg, c.tokens, c.mode, cfg.activation, cfg.activation_params, shape.ep, 0};
-  options.gemm1_splits = options.gemm2_splits = splits;
+  if (!splits.empty()) {
+    options.gemm1_splits = splits.front();
+    options.gemm2_splits = splits.back();
+  }
   MoePlan plan = MoePlan::create(options);
   cudaStream_t stream;
   K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -299,7 +302,10 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--json", o->json, "Write the rows, ceilings, device, commit and date as JSON");
   cmd->add_option("--commit", o->commit, "The commit being measured (recorded in the JSON)");
   cmd->add_flag("--no-baseline", o->no_baseline, "Skip the dequantize + cuBLASLt baseline");
-  cmd->add_option("--splits", o->splits, "Force the K split of both GEMMs (0: the heuristic's)");
+  cmd->add_option("--splits", o->splits, "Force the K split: N for both GEMMs, or N1,N2 (0: the heuristic's)")
+      ->delimiter(',')
+      ->expected(1, 2)
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([o] { bench(*o); });
 }
 

@@ -87,7 +87,8 @@ struct PlanOptions {
   ExpertParallel ep;
   int device = 0;
   // Tuning overrides (0: the heuristic's choice, src/runtime/heuristics.h): how many ranges K of
-  // GEMM1 / GEMM2 is split into, clamped to [1, K/128].
+  // GEMM1 / GEMM2 is split into, clamped to [1, min(K/128, 16)] (GEMM1) and [1, min(K/128, 8)]
+  // (GEMM2).
   int gemm1_splits = 0;
   int gemm2_splits = 0;
 };

@@ -3,6 +3,8 @@
 // in split order.
 #include "kernels/activation.cuh"
 
+#include <algorithm>
+
 #include "k3moe/activation.h"
 #include "k3moe/formats.h"
 #include "kernels/launch.cuh"
@@ -18,11 +20,14 @@ constexpr int kThreads = 256;
 __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) {
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
-  const int64_t index = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  // NOTE: a grid of a few waves strides over the rows in use (the grid is sized without knowing
+  // how many of the T K slots are local). Whole warps leave together (I is a multiple of 32):
+  // the shuffles below see all 32 lanes.
+  const int64_t used = int64_t(a.expert_offset[a.num_local]) * a.intermediate;
+  for (int64_t index = int64_t(blockIdx.x) * kThreads + threadIdx.x; index < used;
+       index += int64_t(gridDim.x) * kThreads) {
   const int64_t row = index / a.intermediate;
   const int j = int(index % a.intermediate);
-  // Whole warps leave together (I is a multiple of 32): the shuffles below see all 32 lanes.
-  if (row >= a.expert_offset[a.num_local]) return;
   float gate[kMaxActivationSplits], up[kMaxActivationSplits];
   const float* h = a.h + row * 2 * a.intermediate + j;
 #pragma unroll
@@ -48,6 +53,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) 
     v = e4m3_to_float(float_to_e4m3(scale_down_by_e8m0(v, s))) * e8m0_to_float(s);
   }
   a.inter[row * a.intermediate + j] = float_to_bf16_bits(v);
+  }
 }
 
 }  // namespace
@@ -57,7 +63,8 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream) {
               " splits, at most ", kMaxActivationSplits);
   const int64_t threads = int64_t(args.max_rows) * args.intermediate;
   if (threads == 0) return;
-  launch_dependent(activation_kernel, dim3((threads + kThreads - 1) / kThreads), kThreads, 0, stream, args);
+  const int64_t blocks = std::min<int64_t>((threads + kThreads - 1) / kThreads, int64_t(args.sm_count) * 8);
+  launch_dependent(activation_kernel, dim3(unsigned(blocks)), kThreads, 0, stream, args);
 }
 
 }  // namespace k3moe::kernels

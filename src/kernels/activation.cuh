@@ -19,7 +19,8 @@ struct ActivationArgs {
   int splits = 1;
   const int32_t* expert_offset = nullptr;  // rows = expert_offset[num_local]
   int num_local = 0;
-  int max_rows = 0;  // sizes the grid
+  int max_rows = 0;  // sizes the grid, with sm_count
+  int sm_count = 0;
   int intermediate = 0;
   uint16_t* inter = nullptr;  // [rows, I] bf16
   Mode mode = Mode::A16;

@@ -1,6 +1,7 @@
-// Combine: out[t] = sum over slots k, in slot order, of w[t, k] * y[row(t, k)], fp32 fma, stored
-// bf16, where y is the sum of GEMM2's K splits in split order. Slots without a local row add nothing; a token without any gets zeros. No atomics, so the
-// result is bitwise reproducible.
+// Combine: out[t] = sum over slots k of w[t, k] * y[row(t, k)] in fp32, added in a fixed pairwise
+// order, stored bf16, where y is the sum of GEMM2's K splits in split order. Slots without a local
+// row add nothing; a token without any gets zeros. No atomics, so the result is bitwise
+// reproducible.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +9,8 @@
 #include <cstdint>
 
 namespace k3moe::kernels {
+
+inline constexpr int kMaxCombineSplits = 8;  // GEMM2 K splits the combine sums
 
 struct CombineArgs {
   const float* y = nullptr;           // [splits][rows, H]

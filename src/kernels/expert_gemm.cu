@@ -1,18 +1,19 @@
 // Grouped expert GEMMs: MXFP4 weights x bf16 activations on mma.sync (m16n8k16, fp32 accumulate).
 //
 // Operands are swapped: the weights are the mma's A side (16 rows per m-tile), the tokens its
-// 8-wide B side, so one token does not waste a 64-row tile. A CTA owns 256 weight rows (4 warps x
-// 4 m-tiles) of one expert and one tile of 8/16/32 of that expert's token rows, and streams K in
-// chunks of 128 through a 4-stage cp.async pipeline: per stage the weight blocks (already in
+// 8-wide B side, so one token does not waste a 64-row tile. A unit of work is 256 weight rows
+// (4 warps x 4 m-tiles) of one expert, one tile of 8/16/32 of that expert's token rows and one
+// range of K; persistent CTAs take units from a counter and stream K in chunks of 128 through one
+// 3- or 4-stage cp.async pipeline that runs across units: per stage the weight blocks (already in
 // fragment order, expert_layout.cuh), their scales, and the token rows (gathered by token id for
 // GEMM1). Each lane widens its own codes to bf16 in registers with the E8M0 scale folded in by one
 // bf16 multiply (exact: a power of two times an E2M1 value), then issues the mma.
 //
-// Epilogues stage the tile through shared memory and store 16-byte vectors:
+// Epilogues store from the accumulators:
 //   GEMM1: out j = act(h_gate, h_up) (gate and up of one j sit in one lane by the W13 row order),
 //          rounded to bf16 (A16) or to MXFP8 with the group amax taken over the warp's 32 outputs
 //          (Mxfp8; the dequantized value is stored as bf16, which holds it exactly);
-//   GEMM2: fp32 rows.
+//   GEMM2 (and GEMM1 with K split): fp32 rows of the unit's split.
 #include "kernels/expert_gemm.cuh"
 
 #include <algorithm>
@@ -48,10 +49,7 @@ struct Tile {
   static constexpr int kScaleBytes = kRowBlocks * kChunkBlocks * layout::kBlockScaleBytes;
   static constexpr int kActBytes = kTokens * kActStride * 2;
   static constexpr int kStageBytes = kCodeBytes + kScaleBytes + kActBytes;
-  static constexpr int kOutStride1 = kRowsPerCta / 2 + 8;  // GEMM1 staging, bf16 elements
-  static constexpr int kOutStride2 = kRowsPerCta + 4;      // GEMM2 staging, fp32 elements
-  static constexpr int kSmemBytes = std::max({kStages * kStageBytes, kTokens * kOutStride1 * 2,
-                                              kTokens * kOutStride2 * 4});
+  static constexpr int kSmemBytes = kStages * kStageBytes;
 
   static_assert(kChunkK % layout::kBlockK == 0);
   static_assert(kStageBytes % 128 == 0, "stages must stay 16-byte (cp.async) aligned");
@@ -63,296 +61,360 @@ enum class Epilogue { Activation, GateUpRows, Rows };
 // The four bf16x2 A registers of one 16-k step, widened from the step's code word (bit placement:
 // expert_layout.cuh), each value * 2^-126.
 __device__ __forceinline__ void widen_codes(uint32_t w, uint32_t (&pairs)[4]) {
-  constexpr uint32_t kMask = 0x81C081C0u;  // bf16 bits 6..8 and 15 of both halves
+  constexpr uint32_t kMask = layout::kWidenMask;
   pairs[0] = w & kMask;
-  pairs[1] = (w << 3) & kMask;
-  pairs[2] = (w << 6) & kMask;
-  pairs[3] = ((w >> 4) & 0x00400040u) | ((w >> 6) & 0x01800180u) | ((w << 4) & 0x80008000u);
+  pairs[1] = (w << 6) & kMask;
+  pairs[2] = __funnelshift_l(w, w, 28) & kMask;
+  pairs[3] = ((w << 2) & layout::kWidenMaskShl2) | ((w >> 6) & layout::kWidenMaskShr6);
 }
 
-// bf16x2 {2^(s-1), 2^(s-1)} from byte `byte` (= s + 126) of a scale word: the byte copied into
-// both halves, then moved onto the exponent field. The NaN scale's byte 255 gives +Inf, and its
-// group's codes are zero (upload), so every weight of the group is 0 * Inf = NaN.
-__device__ __forceinline__ uint32_t scale_multiplier(uint32_t scale_word, int byte) {
-  return __byte_perm(scale_word, 0u, 0x4040u | uint32_t(byte) | (uint32_t(byte) << 8)) << 7;
+// bf16x2 {2^(s0-1), 2^(s1-1)} from bytes 2 `group` and 2 `group` + 1 (= s + 126) of a scale word,
+// the multipliers of rows g and g + 8 of one k-group: the two bytes moved onto the two halves'
+// exponent fields. The NaN scale's byte 255 gives +Inf, and its group's codes are zero (upload),
+// so every weight of the group is 0 * Inf = NaN.
+__device__ __forceinline__ uint32_t scale_multipliers(uint32_t scale_word, int group) {
+  return __byte_perm(scale_word, 0u, group == 0 ? 0x4140u : 0x4342u) << 7;
 }
 
-// The unit a CTA works on, decoded from its index (see ExpertGemmArgs).
+// pairs[p] * the multiplier of its row: the low half for rows g (pairs 0, 2), the high for g + 8.
+__device__ __forceinline__ void scale_pairs(uint32_t (&pairs)[4], uint32_t multipliers) {
+  const uint32_t lo = __byte_perm(multipliers, 0u, 0x1010u), hi = __byte_perm(multipliers, 0u, 0x3232u);
+  pairs[0] = ptx::mul_bf16x2(pairs[0], lo);
+  pairs[1] = ptx::mul_bf16x2(pairs[1], hi);
+  pairs[2] = ptx::mul_bf16x2(pairs[2], lo);
+  pairs[3] = ptx::mul_bf16x2(pairs[3], hi);
+}
+
+// The unit a CTA works on, decoded from its index and its token tile (see ExpertGemmArgs).
 struct Unit {
   int expert, row0, tile_row0, tile_count, chunk_begin, chunk_end, split;
 };
 
 template <class T>
-__device__ __forceinline__ Unit decode_unit(const ExpertGemmArgs& a, int u, int total_tiles, int num_active) {
-  const int tile_g = u % total_tiles, rest = u / total_tiles;
+__device__ __forceinline__ Unit decode_unit(const ExpertGemmArgs& a, int u, int total_tiles, int4 tile) {
+  const int rest = u / total_tiles;
   Unit unit;
   unit.split = rest % a.splits;
   unit.row0 = (rest / a.splits) * T::kRowsPerCta;
-  int lo = 0, hi = num_active - 1;  // the active expert whose tiles hold tile_g
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (a.tile_offset[mid] <= tile_g) lo = mid;
-    else hi = mid - 1;
-  }
-  unit.expert = a.active_experts[lo];
-  const int tile = tile_g - a.tile_offset[lo];
-  const int begin = a.expert_offset[unit.expert], count = a.expert_offset[unit.expert + 1] - begin;
-  unit.tile_row0 = begin + tile * T::kTokens;
-  unit.tile_count = min(T::kTokens, count - tile * T::kTokens);
+  unit.expert = tile.x;
+  unit.tile_row0 = tile.y;
+  unit.tile_count = tile.z;
   const int chunks = a.K / T::kChunkK;
   unit.chunk_begin = unit.split * chunks / a.splits;
   unit.chunk_end = (unit.split + 1) * chunks / a.splits;
   return unit;
 }
 
-template <class T, Epilogue kEpi>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
-    expert_gemm_kernel(ExpertGemmArgs a, GemmOutput out) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ int s_unit;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
-  // NOTE: the schedule comes from the permutation, which completed before the previous kernel
-  // (GEMM1 or the activation) passed its own wait. GEMM2's weights do not depend on GEMM1 either:
-  // GEMM2 waits for GEMM1's output only after it started streaming its first unit's weights.
-  bool waited = kEpi != Epilogue::Rows;
-  if (waited) ptx::griddepcontrol_wait();
-  ptx::griddepcontrol_launch_dependents();
-  const int num_active = *a.num_active;
-  const int total_tiles = num_active > 0 ? a.tile_offset[num_active] : 0;
-  const int row_blocks = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
-  const int num_units = total_tiles * row_blocks * a.splits;
+// What one thread copies into a pipeline stage for the chunks of one unit: the same weight, scale
+// and token-row pieces in every chunk, so their sources are resolved once per unit.
+template <class T>
+struct ChunkCopier {
+  static constexpr int kCodePieces = T::kCodeBytes / 16;
+  static constexpr int kPiecesPerBlockRow = kCodePieces / T::kRowBlocks;
+  static constexpr int kCodeIters = kCodePieces / T::kThreads;
+  static constexpr int kRowBlockStep = T::kThreads / kPiecesPerBlockRow;  // row blocks between a thread's pieces
+  static constexpr int kScalePieces = T::kScaleBytes / 16;
+  static constexpr int kScalePiecesPerBlockRow = kScalePieces / T::kRowBlocks;
+  static constexpr int kActPieces = T::kTokens * (T::kChunkK / 8) / T::kThreads;
+  static_assert(kCodeIters * T::kThreads == kCodePieces && T::kThreads % kPiecesPerBlockRow == 0);
+  static_assert(kScalePieces <= T::kThreads);
+  static_assert(kActPieces * T::kThreads == T::kTokens * (T::kChunkK / 8));
 
-  for (;;) {
-    __syncthreads();  // the previous unit is done with s_unit and the staging area
-    if (threadIdx.x == 0) s_unit = atomicAdd(a.unit_counter, 1);
-    __syncthreads();
-    const int u = s_unit;
-    if (u >= num_units) break;
-    const Unit unit = decode_unit<T>(a, u, total_tiles, num_active);
-    const int row0 = unit.row0, nb0 = row0 / layout::kBlockRows;
-    const int tile_row0 = unit.tile_row0, tile_count = unit.tile_count;
+  const uint8_t* code_src;  // piece 0 at chunk 0; piece `it` is code_step further
+  int64_t code_step;
+  uint32_t code_valid;  // bit it: piece it's row block exists
+  const uint8_t* scale_src;
+  bool scale_valid;
+  const uint16_t* act_src[kActPieces];
+  uint32_t act_valid;  // bit i: token row of piece i exists
+  const uint8_t* fallback;  // a valid address for pieces that read nothing
+
+  __device__ __forceinline__ void init(const ExpertGemmArgs& a, const Unit& unit) {
+    const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
+    const int nb0 = unit.row0 / layout::kBlockRows;
     const uint8_t* codes = a.codes + int64_t(unit.expert) * n_blocks * k_blocks * layout::kBlockCodeBytes;
     const uint8_t* scales = a.scales + int64_t(unit.expert) * n_blocks * k_blocks * layout::kBlockScaleBytes;
-
-    // Each thread copies the same weight pieces in every chunk, kThreads / kPiecesPerBlockRow row
-    // blocks apart: resolve their sources once.
-    constexpr int kCodePieces = T::kCodeBytes / 16, kPiecesPerBlockRow = kCodePieces / T::kRowBlocks;
-    constexpr int kCodeIters = kCodePieces / T::kThreads;
-    static_assert(kCodeIters * T::kThreads == kCodePieces && T::kThreads % kPiecesPerBlockRow == 0);
+    fallback = codes;
     const int my_block_row = threadIdx.x / kPiecesPerBlockRow;
-    const uint8_t* code_src = codes + int64_t(nb0 + my_block_row) * k_blocks * layout::kBlockCodeBytes +
-                              (threadIdx.x % kPiecesPerBlockRow) * 16;
-    const int64_t code_step = int64_t(T::kThreads / kPiecesPerBlockRow) * k_blocks * layout::kBlockCodeBytes;
-    uint32_t code_valid = 0;
+    code_src = codes + int64_t(nb0 + my_block_row) * k_blocks * layout::kBlockCodeBytes +
+               (threadIdx.x % kPiecesPerBlockRow) * 16;
+    code_step = int64_t(kRowBlockStep) * k_blocks * layout::kBlockCodeBytes;
+    code_valid = 0;
 #pragma unroll
-    for (int it = 0; it < kCodeIters; ++it)
-      code_valid |= uint32_t(nb0 + my_block_row + it * (T::kThreads / kPiecesPerBlockRow) < n_blocks) << it;
-    constexpr int kScalePieces = T::kScaleBytes / 16, kScalePiecesPerBlockRow = kScalePieces / T::kRowBlocks;
-    static_assert(kScalePieces <= T::kThreads);
+    for (int it = 0; it < kCodeIters; ++it) code_valid |= uint32_t(nb0 + my_block_row + it * kRowBlockStep < n_blocks) << it;
     const int scale_block_row = nb0 + int(threadIdx.x) / kScalePiecesPerBlockRow;
-    const bool scale_valid = threadIdx.x < kScalePieces && scale_block_row < n_blocks;
-    const uint8_t* scale_src = scales + int64_t(scale_block_row) * k_blocks * layout::kBlockScaleBytes +
-                               (threadIdx.x % kScalePiecesPerBlockRow) * 16;
-
-    // Each thread copies the same token-row pieces in every chunk: resolve their sources once.
-    constexpr int kActPieces = T::kTokens * (T::kChunkK / 8) / T::kThreads;
-    static_assert(kActPieces * T::kThreads == T::kTokens * (T::kChunkK / 8));
-    const uint16_t* act_src[kActPieces];
-    int act_bytes[kActPieces];
+    scale_valid = threadIdx.x < kScalePieces && scale_block_row < n_blocks;
+    scale_src = scale_valid ? scales + int64_t(scale_block_row) * k_blocks * layout::kBlockScaleBytes +
+                                  (threadIdx.x % kScalePiecesPerBlockRow) * 16
+                            : scales;
+    act_valid = 0;
 #pragma unroll
     for (int i = 0; i < kActPieces; ++i) {
       const int piece = threadIdx.x + i * T::kThreads;
       const int r = piece / (T::kChunkK / 8), col = (piece % (T::kChunkK / 8)) * 8;
-      const bool valid = r < tile_count;
-      const int64_t src_row = !valid ? 0 : a.row_token ? a.row_token[tile_row0 + r] : tile_row0 + r;
+      const bool valid = r < unit.tile_count;
+      const int64_t src_row = !valid ? 0 : a.row_token ? a.row_token[unit.tile_row0 + r] : unit.tile_row0 + r;
       act_src[i] = a.act + src_row * a.K + col;
-      act_bytes[i] = valid ? 16 : 0;
+      act_valid |= uint32_t(valid) << i;
     }
+  }
 
-    auto load_weights = [&](int chunk, int stage) {
-      uint8_t* s_codes = smem + stage * T::kStageBytes;
-      uint8_t* s_scales = s_codes + T::kCodeBytes;
-      const int64_t chunk_codes = int64_t(chunk) * T::kChunkBlocks * layout::kBlockCodeBytes;
+  __device__ __forceinline__ void weights(uint8_t* stage, int chunk) const {
+    uint8_t* s_codes = stage;
+    const int64_t chunk_codes = int64_t(chunk) * T::kChunkBlocks * layout::kBlockCodeBytes;
+    constexpr uint32_t kAll = (1u << kCodeIters) - 1;
+    if (code_valid == kAll) {  // NOTE: the common case without per-piece selects
+#pragma unroll
+      for (int it = 0; it < kCodeIters; ++it)
+        ptx::cp_async_16(s_codes + (threadIdx.x + it * T::kThreads) * 16, code_src + it * code_step + chunk_codes);
+    } else {
 #pragma unroll
       for (int it = 0; it < kCodeIters; ++it) {
         const bool valid = (code_valid >> it) & 1;
         ptx::cp_async_16(s_codes + (threadIdx.x + it * T::kThreads) * 16,
-                         valid ? code_src + it * code_step + chunk_codes : codes, valid ? 16 : 0);
+                         valid ? code_src + it * code_step + chunk_codes : fallback, valid ? 16 : 0);
       }
-      if (threadIdx.x < kScalePieces)
-        ptx::cp_async_16(s_scales + threadIdx.x * 16,
-                         scale_valid ? scale_src + int64_t(chunk) * T::kChunkBlocks * layout::kBlockScaleBytes : scales,
-                         scale_valid ? 16 : 0);
-    };
-    auto load_act = [&](int chunk, int stage) {
-      uint16_t* s_act = reinterpret_cast<uint16_t*>(smem + stage * T::kStageBytes + T::kCodeBytes + T::kScaleBytes);
-#pragma unroll
-      for (int i = 0; i < kActPieces; ++i) {
-        const int piece = threadIdx.x + i * T::kThreads;
-        const int r = piece / (T::kChunkK / 8), col = (piece % (T::kChunkK / 8)) * 8;
-        ptx::cp_async_16(s_act + r * T::kActStride + col, act_src[i] + chunk * T::kChunkK, act_bytes[i]);
-      }
-    };
+    }
+    if (threadIdx.x < kScalePieces)
+      ptx::cp_async_16(stage + T::kCodeBytes + threadIdx.x * 16,
+                       scale_src + (scale_valid ? int64_t(chunk) * T::kChunkBlocks * layout::kBlockScaleBytes : 0),
+                       scale_valid ? 16 : 0);
+  }
 
-    float acc[T::kMTiles][T::kNT][4];
+  __device__ __forceinline__ void activations(uint8_t* stage, int chunk) const {
+    uint16_t* s_act = reinterpret_cast<uint16_t*>(stage + T::kCodeBytes + T::kScaleBytes);
+#pragma unroll
+    for (int i = 0; i < kActPieces; ++i) {
+      const int piece = threadIdx.x + i * T::kThreads;
+      const int r = piece / (T::kChunkK / 8), col = (piece % (T::kChunkK / 8)) * 8;
+      ptx::cp_async_16(s_act + r * T::kActStride + col, act_src[i] + chunk * T::kChunkK, (act_valid >> i & 1) ? 16 : 0);
+    }
+  }
+};
+
+template <class T>
+using Accumulators = float[T::kMTiles][T::kNT][4];
+
+// One chunk's MMAs from a landed stage: every warp its 4 m-tiles x all token n-tiles.
+template <class T>
+__device__ __forceinline__ void compute_chunk(const uint8_t* stage, int warp, int lane, Accumulators<T>& acc) {
+  const uint8_t* s_codes = stage;
+  const uint8_t* s_scales = s_codes + T::kCodeBytes;
+  const uint16_t* s_act = reinterpret_cast<const uint16_t*>(s_scales + T::kScaleBytes);
+#pragma unroll
+  for (int kb = 0; kb < T::kChunkBlocks; ++kb) {
+    uint4 code[T::kMTiles];
+    uint32_t mult[T::kMTiles][2];
+#pragma unroll
+    for (int i = 0; i < T::kMTiles; ++i) {
+      const int block = (warp * T::kMTiles + i) * T::kChunkBlocks + kb;
+      code[i] = ptx::ld_shared_v4(s_codes + block * layout::kBlockCodeBytes + lane * 16);
+      const uint32_t sw = ptx::ld_shared_u32(s_scales + block * layout::kBlockScaleBytes + (lane / 4) * 4);
+      mult[i][0] = scale_multipliers(sw, 0);
+      mult[i][1] = scale_multipliers(sw, 1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t bfrag[T::kNT][2];
+#pragma unroll
+      for (int q = 0; q < T::kNT; ++q) {
+        const uint16_t* row =
+            s_act + (q * 8 + lane % 8) * T::kActStride + kb * layout::kBlockK + kk * 16 + ((lane / 8) % 2) * 8;
+        ptx::ldmatrix_x2(bfrag[q][0], bfrag[q][1], row);
+      }
+#pragma unroll
+      for (int i = 0; i < T::kMTiles; ++i) {
+        const uint32_t word = kk == 0 ? code[i].x : kk == 1 ? code[i].y : kk == 2 ? code[i].z : code[i].w;
+        uint32_t afrag[4];
+        widen_codes(word, afrag);
+        scale_pairs(afrag, mult[i][kk / 2]);
+#pragma unroll
+        for (int q = 0; q < T::kNT; ++q) ptx::mma_bf16_16816(acc[i][q], afrag, bfrag[q][0], bfrag[q][1]);
+      }
+    }
+  }
+}
+
+// A unit's result, stored from the accumulators (lane: weight rows g, g + 8 of each m-tile,
+// tokens col0, col0 + 1 of each n-tile).
+template <class T, Epilogue kEpi>
+__device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOutput& out, const Unit& unit,
+                                           int warp, int lane, Accumulators<T>& acc) {
+  const int g = lane / 4, col0 = 2 * (lane % 4);
+  if constexpr (kEpi == Epilogue::Activation) {
+    // kernel rows g and g + 8 of an m-tile are gate and up of one output (W13 row order).
+    float v[T::kMTiles][T::kNT][2];
+#pragma unroll
+    for (int i = 0; i < T::kMTiles; ++i)
+#pragma unroll
+      for (int q = 0; q < T::kNT; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          v[i][q][h] = apply_activation<float>(out.activation, out.params, acc[i][q][h], acc[i][q][2 + h]);
+    if (out.mode == Mode::Mxfp8) {
+      // One MX group = the warp's 32 outputs of one token: 4 m-tiles in the lane x 8 lanes (g).
+#pragma unroll
+      for (int q = 0; q < T::kNT; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t amax_bits = 0;  // |v| as bits: orders like the values, and NaN above Inf
+#pragma unroll
+          for (int i = 0; i < T::kMTiles; ++i) amax_bits = max(amax_bits, float_bits(v[i][q][h]) & 0x7FFFFFFFu);
+#pragma unroll
+          for (int offset = 4; offset < 32; offset *= 2)
+            amax_bits = max(amax_bits, __shfl_xor_sync(0xFFFFFFFFu, amax_bits, offset));
+          const uint8_t s = mx_scale_round_up(bits_float(amax_bits), kE4M3Max);
+#pragma unroll
+          for (int i = 0; i < T::kMTiles; ++i)
+            v[i][q][h] = e4m3_to_float(float_to_e4m3(scale_down_by_e8m0(v[i][q][h], s))) * e8m0_to_float(s);
+        }
+    }
+    const int out_cols = a.N / 2, j0 = unit.row0 / 2 + warp * 32 + g;
+#pragma unroll
+    for (int i = 0; i < T::kMTiles; ++i)
+#pragma unroll
+      for (int q = 0; q < T::kNT; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = q * 8 + col0 + h, j = j0 + i * 8;
+          if (r < unit.tile_count && j < out_cols)
+            out.inter[int64_t(unit.tile_row0 + r) * out_cols + j] = float_to_bf16_bits(v[i][q][h]);
+        }
+  } else {
+    // fp32 rows of this split. GateUpRows: [gate j | up j] in checkpoint order.
+    float* dst = out.rows + int64_t(unit.split) * out.split_stride;
+#pragma unroll
+    for (int i = 0; i < T::kMTiles; ++i)
+#pragma unroll
+      for (int q = 0; q < T::kNT; ++q)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int r = q * 8 + col0 + c % 2;
+          int64_t col = unit.row0 + warp * 64 + i * 16 + g + 8 * (c / 2);
+          bool inside = col < a.N;
+          if constexpr (kEpi == Epilogue::GateUpRows) {
+            const int j = unit.row0 / 2 + warp * 32 + i * 8 + g;
+            col = int64_t(c / 2) * (a.N / 2) + j;
+            inside = j < a.N / 2;
+          }
+          if (r < unit.tile_count && inside) dst[int64_t(unit.tile_row0 + r) * a.N + col] = acc[i][q][c];
+        }
+  }
+}
+
+// Persistent CTAs take units from a counter (so a CTA that starts late, behind the previous
+// kernel's tail, takes fewer) and run one cp.async pipeline across all of them: while a CTA
+// computes the last chunks of a unit, the stages already fill with the next unit's first chunks,
+// and the finished unit is stored straight from registers. Thread 0 takes the next unit's index
+// when the copies enter a unit and publishes it one copy step later, so the atomic's round trip
+// overlaps a chunk; the copies decode each unit and hand it to the compute through a ring in
+// shared memory, at least one barrier ahead.
+template <class T, Epilogue kEpi>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
+    expert_gemm_kernel(ExpertGemmArgs a, GemmOutput out) {
+  static_assert(T::kStages >= 3, "the ring hand-over needs the copies two chunks ahead");
+  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int kRing = 8;  // > units between the copy and compute positions
+  __shared__ int s_index[kRing];
+  __shared__ Unit s_ring[kRing];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // NOTE: the schedule comes from the permutation, which completed before the previous kernel
+  // (GEMM1 or the activation) passed its own wait. GEMM2's weights do not depend on GEMM1 either:
+  // GEMM2 waits for GEMM1's output only after it started streaming its first unit's weights.
+  if (kEpi != Epilogue::Rows) ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+  const int total_tiles = *a.num_tiles;
+  const int row_blocks = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
+  const int num_units = total_tiles * row_blocks * a.splits;
+  if (threadIdx.x == 0) s_index[0] = atomicAdd(a.unit_counter, 1);
+  __syncthreads();
+  if (s_index[0] >= num_units) return;
+
+  // The copy position: this CTA's unit ordinal (ring slot), unit, chunk and stage sequence number.
+  int copy_slot = 0, copy_chunk = 0, copy_seq = 0;
+  int pending = 0;  // thread 0: the index of unit copy_slot + 1, not yet published
+  bool publish = false;
+  Unit copy_unit;
+  ChunkCopier<T> copier;
+  bool copy_done = false;
+  auto enter_copy_unit = [&]() {
+    const int u = s_index[copy_slot % kRing];
+    copy_done = u >= num_units;
+    if (copy_done) return;
+    copy_unit = decode_unit<T>(a, u, total_tiles, a.tile_info[u % total_tiles]);
+    copier.init(a, copy_unit);
+    copy_chunk = copy_unit.chunk_begin;
+    if (threadIdx.x == 0) {
+      s_ring[copy_slot % kRing] = copy_unit;
+      pending = atomicAdd(a.unit_counter, 1);
+      publish = copy_unit.chunk_end - copy_unit.chunk_begin >= 2;
+      if (!publish) s_index[(copy_slot + 1) % kRing] = pending;  // a one-chunk unit ends at the next step
+    }
+  };
+  // One chunk into the next stage (after a barrier: the stage is free, earlier writes visible).
+  auto copy_step = [&]() {
+    if (publish) {  // thread 0 only
+      s_index[(copy_slot + 1) % kRing] = pending;
+      publish = false;
+    }
+    if (!copy_done && copy_chunk == copy_unit.chunk_end) {
+      ++copy_slot;
+      enter_copy_unit();
+    }
+    if (copy_done) return;
+    uint8_t* stage = smem + (copy_seq % T::kStages) * T::kStageBytes;
+    copier.weights(stage, copy_chunk);
+    copier.activations(stage, copy_chunk);
+    ++copy_chunk;
+    ++copy_seq;
+  };
+
+  enter_copy_unit();
+  // The prologue: stages 0 .. kStages - 2. GEMM2 issues its first unit's weights before waiting for
+  // GEMM1; a cp.async group may also carry later stages' weights, which only completes them earlier.
+  int early = 0;
+  if (kEpi == Epilogue::Rows) {
+    early = min(T::kStages - 1, copy_unit.chunk_end - copy_unit.chunk_begin);
+    for (int s = 0; s < early; ++s) copier.weights(smem + s * T::kStageBytes, copy_unit.chunk_begin + s);
+    ptx::griddepcontrol_wait();
+    for (int s = 0; s < early; ++s) {
+      copier.activations(smem + s * T::kStageBytes, copy_unit.chunk_begin + s);
+      ptx::cp_async_commit();
+    }
+    copy_chunk += early;
+    copy_seq += early;
+  }
+  for (int s = early; s < T::kStages - 1; ++s) {
+    __syncthreads();
+    copy_step();
+    ptx::cp_async_commit();
+  }
+  __syncthreads();  // s_ring[0] visible
+
+  int compute_slot = 0, compute_seq = 0;
+  Accumulators<T> acc;
+  for (;;) {
+    const Unit unit = s_ring[compute_slot % kRing];
 #pragma unroll
     for (int i = 0; i < T::kMTiles; ++i)
 #pragma unroll
       for (int q = 0; q < T::kNT; ++q)
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[i][q][c] = 0.0f;
-
-    auto compute_chunk = [&](int stage) {
-      const uint8_t* s_codes = smem + stage * T::kStageBytes;
-      const uint8_t* s_scales = s_codes + T::kCodeBytes;
-      const uint16_t* s_act = reinterpret_cast<const uint16_t*>(s_scales + T::kScaleBytes);
-#pragma unroll
-      for (int kb = 0; kb < T::kChunkBlocks; ++kb) {
-        uint4 code[T::kMTiles];
-        uint32_t mult[T::kMTiles][4];
-#pragma unroll
-        for (int i = 0; i < T::kMTiles; ++i) {
-          const int block = (warp * T::kMTiles + i) * T::kChunkBlocks + kb;
-          code[i] = ptx::ld_shared_v4(s_codes + block * layout::kBlockCodeBytes + lane * 16);
-          const uint32_t sw = ptx::ld_shared_u32(s_scales + block * layout::kBlockScaleBytes + (lane / 4) * 4);
-#pragma unroll
-          for (int b = 0; b < 4; ++b) mult[i][b] = scale_multiplier(sw, b);
-        }
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          uint32_t bfrag[T::kNT][2];
-#pragma unroll
-          for (int q = 0; q < T::kNT; ++q) {
-            const uint16_t* row = s_act + (q * 8 + lane % 8) * T::kActStride + kb * layout::kBlockK + kk * 16 +
-                                  ((lane / 8) % 2) * 8;
-            ptx::ldmatrix_x2(bfrag[q][0], bfrag[q][1], row);
-          }
-#pragma unroll
-          for (int i = 0; i < T::kMTiles; ++i) {
-            const uint32_t word = kk == 0 ? code[i].x : kk == 1 ? code[i].y : kk == 2 ? code[i].z : code[i].w;
-            const uint32_t m_row = mult[i][(kk / 2) * 2], m_row8 = mult[i][(kk / 2) * 2 + 1];
-            uint32_t pairs[4];
-            widen_codes(word, pairs);
-            const uint32_t afrag[4] = {ptx::mul_bf16x2(pairs[0], m_row), ptx::mul_bf16x2(pairs[1], m_row8),
-                                       ptx::mul_bf16x2(pairs[2], m_row), ptx::mul_bf16x2(pairs[3], m_row8)};
-#pragma unroll
-            for (int q = 0; q < T::kNT; ++q) ptx::mma_bf16_16816(acc[i][q], afrag, bfrag[q][0], bfrag[q][1]);
-          }
-        }
-      }
-    };
-
-    const int num_chunks = unit.chunk_end - unit.chunk_begin;
-    // The prologue: stage s holds chunk s (one cp.async group each; a group may also carry later
-    // stages' weights when they were issued before the wait, which only completes them earlier).
-#pragma unroll
-    for (int s = 0; s < T::kStages - 1; ++s)
-      if (s < num_chunks) load_weights(unit.chunk_begin + s, s);
-    if (!waited) {
-      ptx::griddepcontrol_wait();
-      waited = true;
-    }
-#pragma unroll
-    for (int s = 0; s < T::kStages - 1; ++s) {
-      if (s < num_chunks) load_act(unit.chunk_begin + s, s);
-      ptx::cp_async_commit();
-    }
-    for (int c = 0; c < num_chunks; ++c) {
+    for (int chunk = unit.chunk_begin; chunk < unit.chunk_end; ++chunk) {
       ptx::cp_async_wait<T::kStages - 2>();
-      __syncthreads();  // chunk c's stage landed for every thread; the stage refilled below is idle
-      const int next = c + T::kStages - 1;
-      if (next < num_chunks) {
-        load_weights(unit.chunk_begin + next, next % T::kStages);
-        load_act(unit.chunk_begin + next, next % T::kStages);
-      }
+      __syncthreads();  // this chunk's stage landed for every thread; the stage refilled below is idle
+      copy_step();
       ptx::cp_async_commit();
-      compute_chunk(c % T::kStages);
+      compute_chunk<T>(smem + (compute_seq % T::kStages) * T::kStageBytes, warp, lane, acc);
+      ++compute_seq;
     }
-    ptx::cp_async_wait<0>();
-    __syncthreads();  // the epilogue reuses the pipeline's shared memory
-
-    const int g = lane / 4, col0 = 2 * (lane % 4);
-    if constexpr (kEpi == Epilogue::Activation) {
-      uint16_t* s_out = reinterpret_cast<uint16_t*>(smem);
-      float v[T::kMTiles][T::kNT][2];
-#pragma unroll
-      for (int i = 0; i < T::kMTiles; ++i)
-#pragma unroll
-        for (int q = 0; q < T::kNT; ++q)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            v[i][q][h] = apply_activation<float>(out.activation, out.params, acc[i][q][h], acc[i][q][2 + h]);
-      if (out.mode == Mode::Mxfp8) {
-        // One MX group = the warp's 32 outputs of one token: 4 m-tiles in the lane x 8 lanes (g).
-#pragma unroll
-        for (int q = 0; q < T::kNT; ++q)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t amax_bits = 0;  // |v| as bits: orders like the values, and NaN above Inf
-#pragma unroll
-            for (int i = 0; i < T::kMTiles; ++i) amax_bits = max(amax_bits, float_bits(v[i][q][h]) & 0x7FFFFFFFu);
-#pragma unroll
-            for (int offset = 4; offset < 32; offset *= 2)
-              amax_bits = max(amax_bits, __shfl_xor_sync(0xFFFFFFFFu, amax_bits, offset));
-            const uint8_t s = mx_scale_round_up(bits_float(amax_bits), kE4M3Max);
-#pragma unroll
-            for (int i = 0; i < T::kMTiles; ++i)
-              v[i][q][h] = e4m3_to_float(float_to_e4m3(scale_down_by_e8m0(v[i][q][h], s))) * e8m0_to_float(s);
-          }
-      }
-#pragma unroll
-      for (int i = 0; i < T::kMTiles; ++i)
-#pragma unroll
-        for (int q = 0; q < T::kNT; ++q)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            s_out[(q * 8 + col0 + h) * T::kOutStride1 + warp * 32 + i * 8 + g] = float_to_bf16_bits(v[i][q][h]);
-      __syncthreads();
-      const int out_cols = a.N / 2, j0 = row0 / 2;
-      constexpr int kPiecesPerRow = T::kRowsPerCta / 2 / 8;
-      for (int piece = threadIdx.x; piece < T::kTokens * kPiecesPerRow; piece += T::kThreads) {
-        const int r = piece / kPiecesPerRow, j = (piece % kPiecesPerRow) * 8;
-        if (r < tile_count && j0 + j < out_cols) {
-          const uint4 val = *reinterpret_cast<const uint4*>(s_out + r * T::kOutStride1 + j);
-          *reinterpret_cast<uint4*>(out.inter + int64_t(tile_row0 + r) * out_cols + j0 + j) = val;
-        }
-      }
-    } else {
-      // fp32 rows of this split. GateUpRows: kernel row r of W13 is gate or up of output j
-      // (expert_layout.cuh); the staged row holds the CTA's 128 gates, then its 128 ups.
-      float* s_out = reinterpret_cast<float*>(smem);
-#pragma unroll
-      for (int i = 0; i < T::kMTiles; ++i)
-#pragma unroll
-        for (int q = 0; q < T::kNT; ++q)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int n_local = warp * 64 + i * 16 + g + 8 * (c / 2);
-            const int column = kEpi == Epilogue::Rows
-                                   ? n_local
-                                   : (n_local % 16 < 8 ? 0 : T::kRowsPerCta / 2) + (n_local / 16) * 8 + n_local % 8;
-            s_out[(q * 8 + col0 + c % 2) * T::kOutStride2 + column] = acc[i][q][c];
-          }
-      __syncthreads();
-      float* dst = out.rows + int64_t(unit.split) * out.split_stride;
-      constexpr int kPiecesPerRow = T::kRowsPerCta / 4;
-      for (int piece = threadIdx.x; piece < T::kTokens * kPiecesPerRow; piece += T::kThreads) {
-        const int r = piece / kPiecesPerRow, n = (piece % kPiecesPerRow) * 4;
-        int64_t col = row0 + n;  // Rows: output n of this CTA
-        bool inside = row0 + n < a.N;
-        if (kEpi == Epilogue::GateUpRows) {  // [gate j | up j], j = row0 / 2 + position in its half
-          const int half = n / (T::kRowsPerCta / 2), j = row0 / 2 + n % (T::kRowsPerCta / 2);
-          col = int64_t(half) * (a.N / 2) + j;
-          inside = j < a.N / 2;
-        }
-        if (r < tile_count && inside) {
-          const float4 val = *reinterpret_cast<const float4*>(s_out + r * T::kOutStride2 + n);
-          *reinterpret_cast<float4*>(dst + int64_t(tile_row0 + r) * a.N + col) = val;
-        }
-      }
-    }
+    store_unit<T, kEpi>(a, out, unit, warp, lane, acc);
+    ++compute_slot;
+    // The copies entered (or ended at) this slot at least one barrier ago.
+    if (s_index[compute_slot % kRing] >= num_units) break;
   }
+  ptx::cp_async_wait<0>();
 }
 
 template <class T, Epilogue kEpi>

@@ -20,13 +20,11 @@ struct ExpertGemmArgs {
   const uint8_t* scales = nullptr;  // [E_local, N/16, K/64, 32]
   const uint16_t* act = nullptr;    // bf16 rows of K: GEMM1 x [T, K]; GEMM2 intermediate [rows, K]
   const int32_t* row_token = nullptr;      // GEMM1: row -> token of x; GEMM2: nullptr (row itself)
-  const int32_t* expert_offset = nullptr;  // [E_local + 1] first row of each expert
   // The schedule, written by the permutation for this token tile (permute.cuh): the units are
-  // (token tile of an active expert, 256-row block, K split), token tile fastest.
-  const int32_t* active_experts = nullptr;  // local experts with rows, ascending
-  const int32_t* tile_offset = nullptr;     // first token tile of each active expert; [num_active] = all
-  const int32_t* num_active = nullptr;
-  int* unit_counter = nullptr;  // zero before the launch; CTAs take units from it
+  // (token tile, 256-row block, K split), token tile fastest.
+  const int4* tile_info = nullptr;     // {local expert, first row, rows, 0} per token tile
+  const int32_t* num_tiles = nullptr;  // [1]
+  int* unit_counter = nullptr;         // zero before the launch; CTAs take units from it
   int num_local = 0;
   int N = 0;  // output rows of W (GEMM1: 2I, GEMM2: H)
   int K = 0;

@@ -11,11 +11,13 @@
 // a6,a7 = (row g+8, k c+8, c+9)). Word kk (bytes 4kk..4kk+3) of the lane holds step kk's eight
 // codes, i.e. the four register pairs p = (a_2p, a_2p+1), with the 32 code bits placed so that
 // few instructions widen each pair to bf16x2 (value * 2^-126: magnitude bits m0, e0, e1 on bf16
-// bits 6, 7, 8 and the sign on bit 15; the odd element 16 bits higher):
-//   pair 0: in place                    w & M                 (M = 0x81C081C0)
-//   pair 1: 3 bits lower                (w << 3) & M
-//   pair 2: 6 bits lower                (w << 6) & M
-//   pair 3: the 8 bits left: m0 4 higher, e0 e1 6 higher, sign 4 lower (three shift-masks).
+// bits 6, 7, 8 and the sign on bit 15; the odd element 16 bits higher), M = 0x81C081C0:
+//   pair 0: in place                    w & M
+//   pair 1: 6 bits lower                (w << 6) & M
+//   pair 2: rotated 4 bits higher       rotl(w, 28) & M
+//   pair 3: the 8 bits left             ((w << 2) & 0x80C080C0) | ((w >> 6) & 0x01000100)
+// (no placement widens all four pairs with one shift each: a search over shifts and rotations
+// finds 1 + 2 + 2 + 4 instructions the fewest).
 // Scales: 32 bytes per block, 4 per row-group g = t/4 at bytes 4g..4g+3:
 // (row g, k-group 0), (row g+8, k-group 0), (row g, k-group 1), (row g+8, k-group 1).
 // Each byte holds the bf16 biased exponent of 2^(s-1) (= s + 126), the multiplier that turns the
@@ -38,7 +40,10 @@ inline constexpr int kBlockRows = 16;
 inline constexpr int kBlockK = 64;
 inline constexpr int kBlockCodeBytes = kBlockRows * kBlockK / 2;  // 512
 inline constexpr int kBlockScaleBytes = kBlockRows * kBlockK / 32;  // 32
-inline constexpr uint8_t kMaxScale = 128;  // largest E8M0 byte the bf16 multiplier can hold
+inline constexpr uint8_t kMaxScale = 128;
+inline constexpr uint32_t kWidenMask = 0x81C081C0u;      // bf16 bits 6..8 and 15 of both halves
+inline constexpr uint32_t kWidenMaskShl2 = 0x80C080C0u;  // pair 3: m0, e0 and sign from w << 2
+inline constexpr uint32_t kWidenMaskShr6 = 0x01000100u;  // pair 3: e1 from w >> 6  // largest E8M0 byte the bf16 multiplier can hold
 
 // W13: kernel row -> checkpoint row (rows [0, I) = w1 gate, [I, 2I) = w3 up).
 K3MOE_HD constexpr int w13_checkpoint_row(int kernel_row, int intermediate) {
@@ -62,9 +67,10 @@ K3MOE_HD constexpr CodeBits code_bits(int n, int k, int K) {
   const int pair = (cc / 8) * 2 + r / 8;
   const int half = cc % 2;  // the odd k of a pair sits 16 bits higher
   constexpr int kTarget[4] = {6, 7, 8, 15};
-  constexpr int kShift[4][4] = {{0, 0, 0, 0}, {3, 3, 3, 3}, {6, 6, 6, 6}, {-4, -6, -6, 4}};
+  // Left shift (or rotation, pair 2) of the stored word that lands each bit on its target.
+  constexpr int kShift[4][4] = {{0, 0, 0, 0}, {6, 6, 6, 6}, {28, 28, 28, 28}, {2, 2, -6, 2}};
   CodeBits out{block * kBlockCodeBytes + lane * 16 + kk * 4, {0, 0, 0, 0}};
-  for (int j = 0; j < 4; ++j) out.bit[j] = kTarget[j] + 16 * half - kShift[pair][j];
+  for (int j = 0; j < 4; ++j) out.bit[j] = (kTarget[j] + 16 * half - kShift[pair][j] + 32) % 32;
   return out;
 }
 

@@ -76,28 +76,20 @@ __global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
   }
   if (threadIdx.x == 0) a.expert_offset[a.num_local] = all_rows;
 
-  // The GEMMs' schedule: the experts with rows, in order, and where each one's token tiles start.
-  int32_t active[kExpertsPerThread], tiles[kExpertsPerThread], active_index[kExpertsPerThread],
-      tile_index[kExpertsPerThread];
+  // The GEMMs' schedule: each expert's token tiles, numbered by expert.
+  int32_t tiles[kExpertsPerThread], tile_index[kExpertsPerThread];
 #pragma unroll
-  for (int i = 0; i < kExpertsPerThread; ++i) {
-    active[i] = total[i] > 0;
-    tiles[i] = (total[i] + a.tile_rows - 1) / a.tile_rows;
-  }
-  int32_t num_active = 0, all_tiles = 0;
-  __syncthreads();
-  Scan(scan_storage).ExclusiveSum(active, active_index, num_active);
+  for (int i = 0; i < kExpertsPerThread; ++i) tiles[i] = (total[i] + a.tile_rows - 1) / a.tile_rows;
+  int32_t all_tiles = 0;
   __syncthreads();
   Scan(scan_storage).ExclusiveSum(tiles, tile_index, all_tiles);
 #pragma unroll
   for (int i = 0; i < kExpertsPerThread; ++i)
-    if (active[i]) {
-      a.active_experts[active_index[i]] = threadIdx.x * kExpertsPerThread + i;
-      a.tile_offset[active_index[i]] = tile_index[i];
-    }
+    for (int t = 0; t < tiles[i]; ++t)
+      a.tile_info[tile_index[i] + t] = make_int4(threadIdx.x * kExpertsPerThread + i, offset[i] + t * a.tile_rows,
+                                                 min(a.tile_rows, total[i] - t * a.tile_rows), 0);
   if (threadIdx.x == 0) {
-    *a.num_active = num_active;
-    a.tile_offset[num_active] = all_tiles;
+    *a.num_tiles = all_tiles;
     a.unit_counters[0] = a.unit_counters[1] = 0;
   }
   __syncthreads();

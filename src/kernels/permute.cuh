@@ -20,13 +20,16 @@ struct PermuteArgs {
   int32_t* expert_offset = nullptr;  // [num_local + 1]
   int32_t* row_token = nullptr;      // [T K]: token of each row (the first expert_offset[num_local])
   int32_t* slot_row = nullptr;       // [T K]: row of each slot, -1 if the slot is not local
-  // The expert GEMMs' schedule (expert_gemm.cuh) for token tiles of `tile_rows` rows:
+  // The expert GEMMs' schedule (expert_gemm.cuh) for token tiles of `tile_rows` rows: every
+  // token tile of every expert with rows, by expert, as {local expert, first row, rows, 0}.
   int tile_rows = 8;
-  int32_t* active_experts = nullptr;  // [num_local]: experts with rows, ascending
-  int32_t* tile_offset = nullptr;     // [num_local + 1]: first tile of each active expert, then the total
-  int32_t* num_active = nullptr;      // [1]
-  int* unit_counters = nullptr;       // [2] the GEMMs' unit counters, zeroed here
+  int4* tile_info = nullptr;   // [max_tiles(T K, num_local, tile_rows)]
+  int32_t* num_tiles = nullptr;  // [1]
+  int* unit_counters = nullptr;  // [2] the GEMMs' unit counters, zeroed here
 };
+
+// The most token tiles T K rows can make: each expert's last tile may be partial.
+inline int64_t max_tiles(int64_t rows, int num_local, int tile_rows) { return rows / tile_rows + num_local; }
 
 void launch_permute(const PermuteArgs& args, cudaStream_t stream);
 // Raises the kernel's shared-memory limit on the current device; once per device, before launches.

@@ -1,6 +1,7 @@
 #include "runtime/heuristics.h"
 
 #include "kernels/activation.cuh"
+#include "kernels/combine.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -9,18 +10,29 @@
 namespace k3moe {
 namespace {
 
-// No split while the units fill the resident CTAs: a unit restarts the cp.async pipeline, so more,
-// shorter units cost more than they balance. Below that, the smallest divisor d of `chunks`
-// (leaving >= 3 chunks per split, so the pipeline fills) with units * d >= target, or the largest
-// such divisor when none reaches it. Measured on the H200 (bench/NOTES.md), splits 1 / 2 / 4:
-// local28 T=1 114 / 107 / 124 us; T=8 167 / 171 / 188 us; ep32 T=8 108 / 55 / 39 us.
-int choose_splits(double units, int chunks, double target) {
-  if (units >= target) return 1;
+
+// Persistent CTAs take units (token tile x 256 weight rows x K range) from a counter, and the
+// cp.async pipeline runs on across units, so the time of a GEMM is about the chunks (128 of K) of
+// the most loaded CTA: ceil(units s / ctas) ceil(chunks / s) for s K ranges. The s with the fewest
+// such chunks wins; ties and near-ties (within `penalty` chunks per extra range: partial rows
+// written, read and summed by a later stage) go to fewer ranges. With `min_waves`, a split (when
+// one is allowed) gives at least that many units per CTA: GEMM2's CTAs start behind GEMM1's tail
+// (programmatic dependent launch), and the first to start would otherwise take every unit while
+// the SMs that free up last idle. From four waves of units on, K stays whole: balance is within a
+// quarter wave, and the partial rows grow with the tokens. Measured on the H200: bench/NOTES.md.
+int choose_splits(double units, int chunks, double ctas, int max_splits, double penalty, double min_waves) {
+  if (units >= 4.0 * ctas) return 1;
   int best = 1;
-  for (int d = 1; d <= std::min(chunks / 3, kernels::kMaxActivationSplits); ++d) {
-    if (chunks % d) continue;
-    best = d;
-    if (units * d >= target) break;
+  double best_cost = 0.0;
+  const int most = std::min(chunks, max_splits);
+  for (int s = 1; s <= most; ++s) {
+    if (s < most && units * s < min_waves * ctas) continue;
+    const double per_cta = std::ceil(units * s / ctas) * std::ceil(double(chunks) / s);
+    const double cost = per_cta + penalty * (s - 1);
+    if (best_cost == 0.0 || cost < best_cost) {
+      best = s;
+      best_cost = cost;
+    }
   }
   return best;
 }
@@ -39,10 +51,15 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   const double tiles = k.expected_active_experts * std::max(1.0, std::ceil(rows / tile_rows));
   const double target = double(sm_count) * kernels::gemm_ctas_per_sm(k.token_tile);
   const int rows_per_cta = kernels::kGemmRowsPerCta;
-  k.gemm1_splits = choose_splits(tiles * std::ceil(2.0 * c.intermediate / rows_per_cta),
-                                 c.hidden / kernels::kGemmChunkK, target);
+  // NOTE: GEMM1's ranges add the activation stage and 2I fp32 per row and range. Between one and
+  // four waves of units, two ranges halve the tail (measured: local28 T = 8 and 32, -6 % and -15 %).
+  const double units1 = tiles * std::ceil(2.0 * c.intermediate / rows_per_cta);
+  k.gemm1_splits = units1 >= target && units1 < 4.0 * target
+                       ? 2
+                       : choose_splits(units1, c.hidden / kernels::kGemmChunkK, target,
+                                       kernels::kMaxActivationSplits, 1.5, 0.0);
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
-                                 c.intermediate / kernels::kGemmChunkK, target);
+                                 c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25, 2.0);
   return k;
 }
 

@@ -21,8 +21,9 @@ struct KernelChoice {
 // Uniform routing puts T K / E rows on each expert and hits L (1 - (1 - K/E)^T) of a rank's L
 // experts. The token tile is the smallest of 8/16/32 that holds an expert's rows, so that decode
 // does not stream weights against empty tile columns and prefill reuses each weight fragment over
-// 32 tokens. K is split when the units of work (token tile x 256 weight rows) would leave most
-// resident CTAs idle (a few experts at decode): then every SM still streams weights.
+// 32 tokens. K is split into ranges when that balances the units of work (token tile x 256 weight
+// rows x K range) over the resident CTAs better (a few experts at decode): then every SM streams
+// weights to the end (the cost model: heuristics.cpp).
 KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count);
 
 }  // namespace k3moe

@@ -26,7 +26,7 @@ KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, int sm_count) {
   KernelChoice k = choose_kernels(o.config, o.ep, int(tokens), sm_count);
   const int chunks1 = o.config.hidden / kernels::kGemmChunkK, chunks2 = o.config.intermediate / kernels::kGemmChunkK;
   if (o.gemm1_splits > 0) k.gemm1_splits = std::min({o.gemm1_splits, chunks1, kernels::kMaxActivationSplits});
-  if (o.gemm2_splits > 0) k.gemm2_splits = std::min(o.gemm2_splits, chunks2);
+  if (o.gemm2_splits > 0) k.gemm2_splits = std::min({o.gemm2_splits, chunks2, kernels::kMaxCombineSplits});
   return k;
 }
 
@@ -40,9 +40,8 @@ struct Workspace {
   int32_t* expert_offset = nullptr;  // [num_local + 1]
   int32_t* row_token = nullptr;     // [T K]
   int32_t* slot_row = nullptr;      // [T K]
-  int32_t* active_experts = nullptr;  // [num_local]  the GEMMs' schedule
-  int32_t* tile_offset = nullptr;   // [num_local + 1]
-  int32_t* num_active = nullptr;    // [1]
+  int4* tile_info = nullptr;        // the GEMMs' schedule: [max_tiles] token tiles
+  int32_t* num_tiles = nullptr;     // [1]
   int* unit_counters = nullptr;     // [2] GEMM1, GEMM2
   float* h = nullptr;               // [splits1][T K, 2I] fp32, when GEMM1 splits K
   uint16_t* inter = nullptr;        // [T K, I] bf16
@@ -66,9 +65,8 @@ struct Workspace {
     take(w->expert_offset, (local + 1) * 4);
     take(w->row_token, T * K * 4);
     take(w->slot_row, T * K * 4);
-    take(w->active_experts, local * 4);
-    take(w->tile_offset, (local + 1) * 4);
-    take(w->num_active, 4);
+    take(w->tile_info, kernels::max_tiles(T * K, int(local), 8 * int(choice.token_tile)) * 16);
+    take(w->num_tiles, 4);
     take(w->unit_counters, 2 * 4);
     take(w->h, choice.gemm1_splits > 1 ? choice.gemm1_splits * T * K * 2 * I * 4 : 0);
     take(w->inter, T * K * I * 2);
@@ -209,19 +207,19 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
 
   const KernelChoice choice = kernel_choice(o, T, p.sm_count);
   kernels::launch_permute({ids, int(T), int(K), p.first_expert, p.num_local, ws.expert_offset, ws.row_token,
-                           ws.slot_row, 8 * int(choice.token_tile), ws.active_experts, ws.tile_offset, ws.num_active,
+                           ws.slot_row, 8 * int(choice.token_tile), ws.tile_info, ws.num_tiles,
                            ws.unit_counters},
                           stream);
 
   const int64_t rows = T * K;  // capacity of the row buffers
-  kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token, ws.expert_offset,
-                             ws.active_experts, ws.tile_offset, ws.num_active, ws.unit_counters, p.num_local,
-                             2 * c.intermediate, c.hidden, choice.gemm1_splits, p.sm_count};
+  kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token, ws.tile_info, ws.num_tiles,
+                             ws.unit_counters, p.num_local, 2 * c.intermediate, c.hidden, choice.gemm1_splits, p.sm_count};
   kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
   kernels::launch_expert_gemm1(g1, out1, choice.token_tile, stream);
   if (choice.gemm1_splits > 1) {
     kernels::launch_activation({ws.h, rows * 2 * c.intermediate, choice.gemm1_splits, ws.expert_offset, p.num_local,
-                                int(rows), c.intermediate, ws.inter, o.mode, o.activation, o.activation_params},
+                                int(rows), p.sm_count, c.intermediate, ws.inter, o.mode, o.activation,
+                                o.activation_params},
                                stream);
   }
   kernels::ExpertGemmArgs g2 = g1;

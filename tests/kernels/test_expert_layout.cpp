@@ -46,9 +46,9 @@ uint32_t widen_pair(uint32_t w, int p) {
   constexpr uint32_t kMask = 0x81C081C0u;
   switch (p) {
     case 0: return w & kMask;
-    case 1: return (w << 3) & kMask;
-    case 2: return (w << 6) & kMask;
-    default: return ((w >> 4) & 0x00400040u) | ((w >> 6) & 0x01800180u) | ((w << 4) & 0x80008000u);
+    case 1: return (w << 6) & kMask;
+    case 2: return ((w << 28) | (w >> 4)) & kMask;
+    default: return ((w << 2) & 0x80C080C0u) | ((w >> 6) & 0x01000100u);
   }
 }
 

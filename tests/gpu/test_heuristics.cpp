@@ -1,0 +1,43 @@
+// The kernel-choice heuristic (src/runtime/heuristics.cpp): a host function of the shape alone,
+// so these tests run without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "kernels/activation.cuh"
+#include "kernels/combine.cuh"
+#include "runtime/heuristics.h"
+
+namespace k3moe {
+namespace {
+
+TEST(Heuristics, SplitsStayWithinWhatTheStagesSum) {
+  const MoeConfig c = MoeConfig::kimi_k3();
+  for (const ExpertParallel ep : {ExpertParallel{1, 0}, ExpertParallel{16, 3}, ExpertParallel{32, 7}})
+    for (int t = 1; t <= 16384; t = t < 64 ? t + 1 : t * 2) {
+      const KernelChoice k = choose_kernels(c, ep, t, 132);
+      EXPECT_GE(k.gemm1_splits, 1);
+      EXPECT_LE(k.gemm1_splits, std::min(kernels::kMaxActivationSplits, c.hidden / 128)) << "T " << t;
+      EXPECT_GE(k.gemm2_splits, 1);
+      EXPECT_LE(k.gemm2_splits, std::min(kernels::kMaxCombineSplits, c.intermediate / 128)) << "T " << t;
+    }
+}
+
+TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
+  // Top-16 of 28 local experts at T = 1: 16 x 24 GEMM1 units fill the 396 resident CTAs once
+  // (no split); GEMM2's 16 x 14 units would leave 172 CTAs idle, so its K is split.
+  MoeConfig c = MoeConfig::kimi_k3();
+  c.num_experts = 28;
+  const KernelChoice one = choose_kernels(c, ExpertParallel{1, 0}, 1, 132);
+  EXPECT_EQ(one.token_tile, kernels::TokenTile::T8);
+  EXPECT_EQ(one.gemm1_splits, 1);
+  EXPECT_GE(one.gemm2_splits * 16 * 14, 2 * 396);
+  // Prefill: thousands of units per GEMM, no split.
+  const KernelChoice big = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132);
+  EXPECT_EQ(big.token_tile, kernels::TokenTile::T32);
+  EXPECT_EQ(big.gemm1_splits, 1);
+  EXPECT_EQ(big.gemm2_splits, 1);
+}
+
+}  // namespace
+}  // namespace k3moe
