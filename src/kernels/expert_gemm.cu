@@ -337,7 +337,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
   Unit copy_unit;
   ChunkCopier<T> copier;
   bool copy_done = false;
-  auto enter_copy_unit = [&]() {
+  // defer: the unit's index after this one is needed no earlier than two copy steps later.
+  auto enter_copy_unit = [&](bool defer) {
     const int u = s_index[copy_slot % kRing];
     copy_done = u >= num_units;
     if (copy_done) return;
@@ -347,8 +348,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     if (threadIdx.x == 0) {
       s_ring[copy_slot % kRing] = copy_unit;
       pending = atomicAdd(a.unit_counter, 1);
-      publish = copy_unit.chunk_end - copy_unit.chunk_begin >= 2;
-      if (!publish) s_index[(copy_slot + 1) % kRing] = pending;  // a one-chunk unit ends at the next step
+      publish = defer && copy_unit.chunk_end - copy_unit.chunk_begin >= 2;
+      if (!publish) s_index[(copy_slot + 1) % kRing] = pending;
     }
   };
   // One chunk into the next stage (after a barrier: the stage is free, earlier writes visible).
@@ -359,7 +360,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     }
     if (!copy_done && copy_chunk == copy_unit.chunk_end) {
       ++copy_slot;
-      enter_copy_unit();
+      enter_copy_unit(true);  // this step copies the first chunk, the next one publishes
     }
     if (copy_done) return;
     uint8_t* stage = smem + (copy_seq % T::kStages) * T::kStageBytes;
@@ -369,7 +370,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     ++copy_seq;
   };
 
-  enter_copy_unit();
+  // NOTE: GEMM2 copies up to kStages - 1 chunks of the first unit before any copy step, so its
+  // successor's index is written at once.
+  enter_copy_unit(false);
   // The prologue: stages 0 .. kStages - 2. GEMM2 issues its first unit's weights before waiting for
   // GEMM1; a cp.async group may also carry later stages' weights, which only completes them earlier.
   int early = 0;
