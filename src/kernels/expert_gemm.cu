@@ -4,9 +4,9 @@
 // 8-wide B side, so one token does not waste a 64-row tile. A unit of work is 256 weight rows
 // (4 warps x 4 m-tiles) of one expert, one tile of 8/16/32 of that expert's token rows and one
 // range of K; persistent CTAs take units from a counter and stream K in chunks of 128 through one
-// 3- or 4-stage cp.async pipeline that runs across units: per stage the weight blocks (already in
-// fragment order, expert_layout.cuh), their scales, and the token rows (gathered by token id for
-// GEMM1). Each lane widens its own codes to bf16 in registers with the E8M0 scale folded in by one
+// 3- or 4-stage pipeline that runs across units: per stage the weight blocks (already in fragment
+// order, expert_layout.cuh) and their scales by two bulk copies, and the token rows (gathered by
+// token id for GEMM1) by cp.async. Each lane widens its own codes to bf16 in registers with the E8M0 scale folded in by one
 // bf16 multiply (exact: a power of two times an E2M1 value), then issues the mma.
 //
 // Epilogues store from the accumulators:
@@ -105,48 +105,33 @@ __device__ __forceinline__ Unit decode_unit(const ExpertGemmArgs& a, int u, int 
   return unit;
 }
 
-// What one thread copies into a pipeline stage for the chunks of one unit: the same weight, scale
-// and token-row pieces in every chunk, so their sources are resolved once per unit.
+// What one thread copies into a pipeline stage for the chunks of one unit: thread 0 the unit's
+// weight blocks and scales of the chunk (one contiguous run each, expert_layout.cuh) by two bulk
+// copies that complete on the stage's mbarrier; every thread the same token-row pieces by
+// cp.async. The sources are resolved once per unit.
 template <class T>
 struct ChunkCopier {
-  static constexpr int kCodePieces = T::kCodeBytes / 16;
-  static constexpr int kPiecesPerBlockRow = kCodePieces / T::kRowBlocks;
-  static constexpr int kCodeIters = kCodePieces / T::kThreads;
-  static constexpr int kRowBlockStep = T::kThreads / kPiecesPerBlockRow;  // row blocks between a thread's pieces
-  static constexpr int kScalePieces = T::kScaleBytes / 16;
-  static constexpr int kScalePiecesPerBlockRow = kScalePieces / T::kRowBlocks;
   static constexpr int kActPieces = T::kTokens * (T::kChunkK / 8) / T::kThreads;
-  static_assert(kCodeIters * T::kThreads == kCodePieces && T::kThreads % kPiecesPerBlockRow == 0);
-  static_assert(kScalePieces <= T::kThreads);
   static_assert(kActPieces * T::kThreads == T::kTokens * (T::kChunkK / 8));
+  static_assert(T::kChunkBlocks == layout::kChunkBlocks && T::kRowBlocks == layout::kGroupRowBlocks,
+                "a unit's chunk is one run of the layout");
 
-  const uint8_t* code_src;  // piece 0 at chunk 0; piece `it` is code_step further
-  int64_t code_step;
-  uint32_t code_valid;  // bit it: piece it's row block exists
+  const uint8_t* code_src;  // chunk 0 of the unit's row group
   const uint8_t* scale_src;
-  bool scale_valid;
+  uint32_t code_bytes, scale_bytes;  // per chunk: the group's row blocks x 2 k-blocks
   const uint16_t* act_src[kActPieces];
   uint32_t act_valid;  // bit i: token row of piece i exists
-  const uint8_t* fallback;  // a valid address for pieces that read nothing
 
   __device__ __forceinline__ void init(const ExpertGemmArgs& a, const Unit& unit) {
     const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
-    const int nb0 = unit.row0 / layout::kBlockRows;
-    const uint8_t* codes = a.codes + int64_t(unit.expert) * n_blocks * k_blocks * layout::kBlockCodeBytes;
-    const uint8_t* scales = a.scales + int64_t(unit.expert) * n_blocks * k_blocks * layout::kBlockScaleBytes;
-    fallback = codes;
-    const int my_block_row = threadIdx.x / kPiecesPerBlockRow;
-    code_src = codes + int64_t(nb0 + my_block_row) * k_blocks * layout::kBlockCodeBytes +
-               (threadIdx.x % kPiecesPerBlockRow) * 16;
-    code_step = int64_t(kRowBlockStep) * k_blocks * layout::kBlockCodeBytes;
-    code_valid = 0;
-#pragma unroll
-    for (int it = 0; it < kCodeIters; ++it) code_valid |= uint32_t(nb0 + my_block_row + it * kRowBlockStep < n_blocks) << it;
-    const int scale_block_row = nb0 + int(threadIdx.x) / kScalePiecesPerBlockRow;
-    scale_valid = threadIdx.x < kScalePieces && scale_block_row < n_blocks;
-    scale_src = scale_valid ? scales + int64_t(scale_block_row) * k_blocks * layout::kBlockScaleBytes +
-                                  (threadIdx.x % kScalePiecesPerBlockRow) * 16
-                            : scales;
+    const int group = unit.row0 / T::kRowsPerCta;
+    const int64_t first_block = int64_t(unit.expert) * n_blocks * k_blocks +
+                                int64_t(group) * layout::kGroupRowBlocks * k_blocks;
+    const int blocks = layout::group_row_blocks(group, a.N) * T::kChunkBlocks;
+    code_src = a.codes + first_block * layout::kBlockCodeBytes;
+    scale_src = a.scales + first_block * layout::kBlockScaleBytes;
+    code_bytes = blocks * layout::kBlockCodeBytes;
+    scale_bytes = blocks * layout::kBlockScaleBytes;
     act_valid = 0;
 #pragma unroll
     for (int i = 0; i < kActPieces; ++i) {
@@ -159,26 +144,13 @@ struct ChunkCopier {
     }
   }
 
-  __device__ __forceinline__ void weights(uint8_t* stage, int chunk) const {
-    uint8_t* s_codes = stage;
-    const int64_t chunk_codes = int64_t(chunk) * T::kChunkBlocks * layout::kBlockCodeBytes;
-    constexpr uint32_t kAll = (1u << kCodeIters) - 1;
-    if (code_valid == kAll) {  // NOTE: the common case without per-piece selects
-#pragma unroll
-      for (int it = 0; it < kCodeIters; ++it)
-        ptx::cp_async_16(s_codes + (threadIdx.x + it * T::kThreads) * 16, code_src + it * code_step + chunk_codes);
-    } else {
-#pragma unroll
-      for (int it = 0; it < kCodeIters; ++it) {
-        const bool valid = (code_valid >> it) & 1;
-        ptx::cp_async_16(s_codes + (threadIdx.x + it * T::kThreads) * 16,
-                         valid ? code_src + it * code_step + chunk_codes : fallback, valid ? 16 : 0);
-      }
-    }
-    if (threadIdx.x < kScalePieces)
-      ptx::cp_async_16(stage + T::kCodeBytes + threadIdx.x * 16,
-                       scale_src + (scale_valid ? int64_t(chunk) * T::kChunkBlocks * layout::kBlockScaleBytes : 0),
-                       scale_valid ? 16 : 0);
+  // NOTE: row blocks past a partial group keep stale bytes: they only feed weight rows that are
+  // never stored.
+  __device__ __forceinline__ void weights(uint8_t* stage, int chunk, uint64_t* full) const {
+    if (threadIdx.x != 0) return;
+    ptx::mbarrier_arrive_expect_tx(full, code_bytes + scale_bytes);
+    ptx::cp_async_bulk_g2s(stage, code_src + int64_t(chunk) * code_bytes, code_bytes, full);
+    ptx::cp_async_bulk_g2s(stage + T::kCodeBytes, scale_src + int64_t(chunk) * scale_bytes, scale_bytes, full);
   }
 
   __device__ __forceinline__ void activations(uint8_t* stage, int chunk) const {
@@ -317,6 +289,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
   constexpr int kRing = 8;  // > units between the copy and compute positions
   __shared__ int s_index[kRing];
   __shared__ Unit s_ring[kRing];
+  __shared__ __align__(8) uint64_t s_full[T::kStages];  // stage's weights landed (phase per use)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // NOTE: the schedule comes from the permutation, which completed before the previous kernel
   // (GEMM1 or the activation) passed its own wait. GEMM2's weights do not depend on GEMM1 either:
@@ -326,7 +299,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
   const int total_tiles = *a.num_tiles;
   const int row_blocks = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
   const int num_units = total_tiles * row_blocks * a.splits;
-  if (threadIdx.x == 0) s_index[0] = atomicAdd(a.unit_counter, 1);
+  if (threadIdx.x == 0) {
+    s_index[0] = atomicAdd(a.unit_counter, 1);
+    for (int s = 0; s < T::kStages; ++s) ptx::mbarrier_init(&s_full[s], 1);
+    ptx::fence_mbarrier_init();
+  }
   __syncthreads();
   if (s_index[0] >= num_units) return;
 
@@ -364,7 +341,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     }
     if (copy_done) return;
     uint8_t* stage = smem + (copy_seq % T::kStages) * T::kStageBytes;
-    copier.weights(stage, copy_chunk);
+    copier.weights(stage, copy_chunk, &s_full[copy_seq % T::kStages]);
     copier.activations(stage, copy_chunk);
     ++copy_chunk;
     ++copy_seq;
@@ -374,11 +351,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
   // successor's index is written at once.
   enter_copy_unit(false);
   // The prologue: stages 0 .. kStages - 2. GEMM2 issues its first unit's weights before waiting for
-  // GEMM1; a cp.async group may also carry later stages' weights, which only completes them earlier.
+  // GEMM1 (its tokens are GEMM1's output).
   int early = 0;
   if (kEpi == Epilogue::Rows) {
     early = min(T::kStages - 1, copy_unit.chunk_end - copy_unit.chunk_begin);
-    for (int s = 0; s < early; ++s) copier.weights(smem + s * T::kStageBytes, copy_unit.chunk_begin + s);
+    for (int s = 0; s < early; ++s) copier.weights(smem + s * T::kStageBytes, copy_unit.chunk_begin + s, &s_full[s]);
     ptx::griddepcontrol_wait();
     for (int s = 0; s < early; ++s) {
       copier.activations(smem + s * T::kStageBytes, copy_unit.chunk_begin + s);
@@ -406,6 +383,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
         for (int c = 0; c < 4; ++c) acc[i][q][c] = 0.0f;
     for (int chunk = unit.chunk_begin; chunk < unit.chunk_end; ++chunk) {
       ptx::cp_async_wait<T::kStages - 2>();
+      ptx::mbarrier_wait_parity(&s_full[compute_seq % T::kStages], (compute_seq / T::kStages) & 1);
       __syncthreads();  // this chunk's stage landed for every thread; the stage refilled below is idle
       copy_step();
       ptx::cp_async_commit();

@@ -2,8 +2,10 @@
 // reads. Defined once here (host and device), tested by round trip.
 //
 // A weight matrix W [N, K] (N output rows, K the reduction) is cut into blocks of 16 rows x 64 k.
-// Blocks are stored row-block major: block (nb, kb) at index nb * (K/64) + kb, so one warp streams
-// each of its row blocks as one contiguous run.
+// Blocks are stored by groups of 16 row blocks (the 256 rows a GEMM unit owns; the last group may
+// be smaller), then by chunk of 2 k-blocks (128 of K), then row block, then k-block: the blocks
+// one unit needs for one chunk are one contiguous run, which a single bulk copy moves into a
+// pipeline stage in the order the warps read it (block_index).
 //
 // Codes: 512 bytes per block, 16 per lane. They are exactly the lane's A fragments of the four
 // m16n8k16 mma steps over the block's 64 k (bf16 A fragment of lane t: g = t/4, c = 2 (t%4);
@@ -40,6 +42,8 @@ inline constexpr int kBlockRows = 16;
 inline constexpr int kBlockK = 64;
 inline constexpr int kBlockCodeBytes = kBlockRows * kBlockK / 2;  // 512
 inline constexpr int kBlockScaleBytes = kBlockRows * kBlockK / 32;  // 32
+inline constexpr int kGroupRowBlocks = 16;  // 256 rows
+inline constexpr int kChunkBlocks = 2;      // 128 of K; K must be a multiple of 128
 inline constexpr uint8_t kMaxScale = 128;
 inline constexpr uint32_t kWidenMask = 0x81C081C0u;      // bf16 bits 6..8 and 15 of both halves
 inline constexpr uint32_t kWidenMaskShl2 = 0x80C080C0u;  // pair 3: m0, e0 and sign from w << 2
@@ -51,6 +55,20 @@ K3MOE_HD constexpr int w13_checkpoint_row(int kernel_row, int intermediate) {
   return (kernel_row % 16) < 8 ? j : intermediate + j;
 }
 
+// Row blocks in row group `group` of a matrix with N rows.
+K3MOE_HD constexpr int group_row_blocks(int group, int N) {
+  const int rest = N / kBlockRows - group * kGroupRowBlocks;
+  return rest < kGroupRowBlocks ? rest : kGroupRowBlocks;
+}
+
+// Index of block (nb, kb) among the matrix's blocks.
+K3MOE_HD constexpr int64_t block_index(int nb, int kb, int N, int K) {
+  const int group = nb / kGroupRowBlocks;
+  return int64_t(group) * kGroupRowBlocks * (K / kBlockK) +
+         int64_t(kb / kChunkBlocks) * group_row_blocks(group, N) * kChunkBlocks + (nb % kGroupRowBlocks) * kChunkBlocks +
+         kb % kChunkBlocks;
+}
+
 // Where the 4 bits of element (n, k)'s E2M1 code (bit 0 = m0, 1 = e0, 2 = e1, 3 = sign) are stored:
 // the byte offset of its 32-bit word (little-endian) in the matrix's code bytes, and each bit's
 // position in that word.
@@ -59,8 +77,8 @@ struct CodeBits {
   int bit[4];
 };
 
-K3MOE_HD constexpr CodeBits code_bits(int n, int k, int K) {
-  const int64_t block = int64_t(n / kBlockRows) * (K / kBlockK) + k / kBlockK;
+K3MOE_HD constexpr CodeBits code_bits(int n, int k, int N, int K) {
+  const int64_t block = block_index(n / kBlockRows, k / kBlockK, N, K);
   const int r = n % kBlockRows, c = k % kBlockK;
   const int kk = c / 16, cc = c % 16;
   const int lane = (r % 8) * 4 + (cc % 8) / 2;
@@ -74,8 +92,8 @@ K3MOE_HD constexpr CodeBits code_bits(int n, int k, int K) {
   return out;
 }
 
-K3MOE_HD constexpr int64_t scale_position(int n, int k, int K) {
-  const int64_t block = int64_t(n / kBlockRows) * (K / kBlockK) + k / kBlockK;
+K3MOE_HD constexpr int64_t scale_position(int n, int k, int N, int K) {
+  const int64_t block = block_index(n / kBlockRows, k / kBlockK, N, K);
   const int r = n % kBlockRows, group = (k % kBlockK) / 32;
   return block * kBlockScaleBytes + (r % 8) * 4 + group * 2 + r / 8;
 }

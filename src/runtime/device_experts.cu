@@ -29,7 +29,7 @@ void matrix_to_kernel(const MatrixView& m, const uint8_t* packed, const uint8_t*
     const uint8_t* row_scales = scale + int64_t(src) * (m.K / 32);
     for (int k = 0; k < m.K; ++k) {
       if (row_scales[k / 32] == kE8M0NaN) continue;  // NOTE: a NaN group keeps zero codes (see KernelLayout)
-      const layout::CodeBits pos = layout::code_bits(r, k, m.K);
+      const layout::CodeBits pos = layout::code_bits(r, k, m.N, m.K);
       const uint8_t code = e2m1_nibble(row_codes[k / 2], k);
       for (int j = 0; j < 4; ++j)
         if (code >> j & 1) kcodes[pos.word_byte + pos.bit[j] / 8] |= uint8_t(1u << (pos.bit[j] % 8));
@@ -43,7 +43,7 @@ void matrix_to_kernel(const MatrixView& m, const uint8_t* packed, const uint8_t*
                    " (2^", int(s) - 127, "): the kernels take E8M0 scales 0..", int(layout::kMaxScale),
                    " (group scales up to 2) and 255 (NaN); larger scales are not supported");
       }
-      kscales[layout::scale_position(r, group * 32, m.K)] = layout::scale_to_kernel(s);
+      kscales[layout::scale_position(r, group * 32, m.N, m.K)] = layout::scale_to_kernel(s);
     }
   }
 }
@@ -55,14 +55,14 @@ void matrix_from_kernel(const MatrixView& m, const uint8_t* kcodes, const uint8_
     const int dst = source_row(r);
     uint8_t* row_codes = packed + int64_t(dst) * (m.K / 2);
     for (int k = 0; k < m.K; ++k) {
-      const layout::CodeBits pos = layout::code_bits(r, k, m.K);
+      const layout::CodeBits pos = layout::code_bits(r, k, m.N, m.K);
       uint8_t code = 0;
       for (int j = 0; j < 4; ++j) code |= uint8_t((kcodes[pos.word_byte + pos.bit[j] / 8] >> (pos.bit[j] % 8) & 1) << j);
       row_codes[k / 2] = (k % 2) ? uint8_t(row_codes[k / 2] | (code << 4)) : code;
     }
     for (int group = 0; group < m.K / 32; ++group)
       scale[int64_t(dst) * (m.K / 32) + group] =
-          layout::scale_from_kernel(kscales[layout::scale_position(r, group * 32, m.K)]);
+          layout::scale_from_kernel(kscales[layout::scale_position(r, group * 32, m.N, m.K)]);
   }
 }
 

@@ -12,28 +12,44 @@ namespace k3moe::layout {
 namespace {
 
 TEST(ExpertLayout, CodeBitsAreABijectionOntoTheBlockBits) {
-  const int N = 32, K = 128;
-  std::vector<int> uses(N * K / 2 * 8, 0);
-  for (int n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k) {
-      const CodeBits p = code_bits(n, k, K);
-      ASSERT_EQ(p.word_byte % 4, 0);
-      // The element lives in its own 16-row x 64-k block.
-      EXPECT_EQ(p.word_byte / kBlockCodeBytes, (n / 16) * (K / 64) + k / 64);
-      for (int j = 0; j < 4; ++j) {
-        ASSERT_TRUE(p.bit[j] >= 0 && p.bit[j] < 32) << p.bit[j];
-        ++uses[p.word_byte * 8 + p.bit[j]];
+  const int K = 256;
+  for (const int N : {32, 256, 384, 528}) {  // full and partial groups of 256 rows
+    std::vector<int> uses(N * K / 2 * 8, 0);
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k) {
+        const CodeBits p = code_bits(n, k, N, K);
+        ASSERT_EQ(p.word_byte % 4, 0);
+        // The element lives in its own 16-row x 64-k block.
+        EXPECT_EQ(p.word_byte / kBlockCodeBytes, block_index(n / 16, k / 64, N, K));
+        for (int j = 0; j < 4; ++j) {
+          ASSERT_TRUE(p.bit[j] >= 0 && p.bit[j] < 32) << p.bit[j];
+          ++uses[p.word_byte * 8 + p.bit[j]];
+        }
       }
+    for (int u : uses) EXPECT_EQ(u, 1) << "N " << N;
+  }
+}
+
+TEST(ExpertLayout, AUnitsChunkIsOneRunInWarpOrder) {
+  // Row group g, chunk c: blocks (16 g + rb, 2 c + kb) at consecutive indices rb * 2 + kb, from
+  // g * 16 * (K / 64) + c * 2 * (row blocks of the group).
+  const int N = 384, K = 384;  // groups of 16 and 8 row blocks
+  for (int g = 0; g < 2; ++g)
+    for (int c = 0; c < K / 128; ++c) {
+      const int rbs = group_row_blocks(g, N);
+      EXPECT_EQ(rbs, g == 0 ? 16 : 8);
+      for (int rb = 0; rb < rbs; ++rb)
+        for (int kb = 0; kb < 2; ++kb)
+          EXPECT_EQ(block_index(16 * g + rb, 2 * c + kb, N, K), int64_t(g) * 16 * (K / 64) + c * 2 * rbs + rb * 2 + kb);
     }
-  for (int u : uses) EXPECT_EQ(u, 1);
 }
 
 TEST(ExpertLayout, LaneHoldsItsMmaFragment) {
   // Lane t of m16n8k16 holds rows t/4 and t/4+8 at k = 2(t%4), +1, +8, +9 of each 16-wide step.
-  const int K = 64;
+  const int K = 128;
   for (int n = 0; n < 16; ++n)
     for (int k = 0; k < K; ++k) {
-      const CodeBits p = code_bits(n, k, K);
+      const CodeBits p = code_bits(n, k, 16, K);
       const int lane = int(p.word_byte % kBlockCodeBytes) / 16;
       EXPECT_EQ(lane / 4, n % 8);
       EXPECT_EQ(lane % 4, (k % 8) / 2);
@@ -61,7 +77,7 @@ TEST(ExpertLayout, WideningGivesEveryCodeTimesTwoToTheMinus126) {
         const int pair = slot / 2, half = slot % 2;
         // Element slot -> (n, k) inside a 16 x 64 block, lane 0, word 0: pair p = (cc/8)*2 + r/8.
         const int n = (pair % 2) * 8, k = (pair / 2) * 8 + half;
-        const CodeBits p = code_bits(n, k, 64);
+        const CodeBits p = code_bits(n, k, 16, 128);
         uint32_t w = background;
         for (int j = 0; j < 4; ++j) w = (w & ~(1u << p.bit[j])) | (uint32_t(code >> j & 1) << p.bit[j]);
         const uint32_t bf16x2 = widen_pair(w, pair);
@@ -72,10 +88,10 @@ TEST(ExpertLayout, WideningGivesEveryCodeTimesTwoToTheMinus126) {
 }
 
 TEST(ExpertLayout, ScalePositionsAreABijection) {
-  const int N = 48, K = 192;
+  const int N = 304, K = 256;
   std::set<int64_t> seen;
   for (int n = 0; n < N; ++n)
-    for (int g = 0; g < K / 32; ++g) EXPECT_TRUE(seen.insert(scale_position(n, g * 32, K)).second);
+    for (int g = 0; g < K / 32; ++g) EXPECT_TRUE(seen.insert(scale_position(n, g * 32, N, K)).second);
   EXPECT_EQ(int64_t(seen.size()), int64_t(N) * K / 32);
   EXPECT_EQ(*seen.rbegin(), int64_t(N) * K / 32 - 1);
 }
