@@ -28,13 +28,13 @@
 namespace k3moe::kernels {
 namespace {
 
-template <int kNT_>
+template <int kNT_, int kWarps_>
 struct Tile {
   static constexpr int kNT = kNT_;  // mma n-tiles (8 tokens each) per warp
   static constexpr int kTokens = 8 * kNT;
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kMTiles = 4;  // m16 tiles per warp
+  static constexpr int kMTiles = 16 / kWarps;  // m16 tiles per warp: 256 rows per CTA
   static constexpr int kRowBlocks = kWarps * kMTiles;
   static constexpr int kRowsPerCta = 16 * kRowBlocks;  // 256
   static constexpr int kChunkK = 128;
@@ -111,8 +111,9 @@ __device__ __forceinline__ Unit decode_unit(const ExpertGemmArgs& a, int u, int 
 // cp.async. The sources are resolved once per unit.
 template <class T>
 struct ChunkCopier {
-  static constexpr int kActPieces = T::kTokens * (T::kChunkK / 8) / T::kThreads;
-  static_assert(kActPieces * T::kThreads == T::kTokens * (T::kChunkK / 8));
+  static constexpr int kAllActPieces = T::kTokens * (T::kChunkK / 8);
+  static constexpr int kActPieces = (kAllActPieces + T::kThreads - 1) / T::kThreads;
+  static_assert(kAllActPieces % T::kThreads == 0 || kAllActPieces < T::kThreads);
   static_assert(T::kChunkBlocks == layout::kChunkBlocks && T::kRowBlocks == layout::kGroupRowBlocks,
                 "a unit's chunk is one run of the layout");
 
@@ -137,7 +138,7 @@ struct ChunkCopier {
     for (int i = 0; i < kActPieces; ++i) {
       const int piece = threadIdx.x + i * T::kThreads;
       const int r = piece / (T::kChunkK / 8), col = (piece % (T::kChunkK / 8)) * 8;
-      const bool valid = r < unit.tile_count;
+      const bool valid = piece < kAllActPieces && r < unit.tile_count;
       const int64_t src_row = !valid ? 0 : a.row_token ? a.row_token[unit.tile_row0 + r] : unit.tile_row0 + r;
       act_src[i] = a.act + src_row * a.K + col;
       act_valid |= uint32_t(valid) << i;
@@ -158,6 +159,7 @@ struct ChunkCopier {
 #pragma unroll
     for (int i = 0; i < kActPieces; ++i) {
       const int piece = threadIdx.x + i * T::kThreads;
+      if (kAllActPieces % T::kThreads != 0 && piece >= kAllActPieces) break;
       const int r = piece / (T::kChunkK / 8), col = (piece % (T::kChunkK / 8)) * 8;
       ptx::cp_async_16(s_act + r * T::kActStride + col, act_src[i] + chunk * T::kChunkK, (act_valid >> i & 1) ? 16 : 0);
     }
@@ -224,24 +226,43 @@ __device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOu
         for (int h = 0; h < 2; ++h)
           v[i][q][h] = apply_activation<float>(out.activation, out.params, acc[i][q][h], acc[i][q][2 + h]);
     if (out.mode == Mode::Mxfp8) {
-      // One MX group = the warp's 32 outputs of one token: 4 m-tiles in the lane x 8 lanes (g).
+      // One MX group = 32 outputs of one token: the m-tiles in the lane x 8 lanes (g), and with two
+      // m-tiles per warp, the pair of warps 2w, 2w + 1 (through shared memory).
+      constexpr int kWarpOutputs = T::kMTiles * 8;
+      static_assert(kWarpOutputs == 32 || kWarpOutputs == 16);
+      __shared__ uint32_t s_amax[T::kWarps][T::kTokens];
+      uint32_t amax_bits[T::kNT][2];  // |v| as bits: orders like the values, and NaN above Inf
 #pragma unroll
       for (int q = 0; q < T::kNT; ++q)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          uint32_t amax_bits = 0;  // |v| as bits: orders like the values, and NaN above Inf
+          amax_bits[q][h] = 0;
 #pragma unroll
-          for (int i = 0; i < T::kMTiles; ++i) amax_bits = max(amax_bits, float_bits(v[i][q][h]) & 0x7FFFFFFFu);
+          for (int i = 0; i < T::kMTiles; ++i)
+            amax_bits[q][h] = max(amax_bits[q][h], float_bits(v[i][q][h]) & 0x7FFFFFFFu);
 #pragma unroll
           for (int offset = 4; offset < 32; offset *= 2)
-            amax_bits = max(amax_bits, __shfl_xor_sync(0xFFFFFFFFu, amax_bits, offset));
-          const uint8_t s = mx_scale_round_up(bits_float(amax_bits), kE4M3Max);
+            amax_bits[q][h] = max(amax_bits[q][h], __shfl_xor_sync(0xFFFFFFFFu, amax_bits[q][h], offset));
+          if (kWarpOutputs == 16 && g == 0) s_amax[warp][q * 8 + col0 + h] = amax_bits[q][h];
+        }
+      if constexpr (kWarpOutputs == 16) {
+        __syncthreads();  // NOTE: every warp stores a unit together; the next unit's store is chunks away
+#pragma unroll
+        for (int q = 0; q < T::kNT; ++q)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) amax_bits[q][h] = max(amax_bits[q][h], s_amax[warp ^ 1][q * 8 + col0 + h]);
+      }
+#pragma unroll
+      for (int q = 0; q < T::kNT; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint8_t s = mx_scale_round_up(bits_float(amax_bits[q][h]), kE4M3Max);
 #pragma unroll
           for (int i = 0; i < T::kMTiles; ++i)
             v[i][q][h] = e4m3_to_float(float_to_e4m3(scale_down_by_e8m0(v[i][q][h], s))) * e8m0_to_float(s);
         }
     }
-    const int out_cols = a.N / 2, j0 = unit.row0 / 2 + warp * 32 + g;
+    const int out_cols = a.N / 2, j0 = unit.row0 / 2 + warp * T::kMTiles * 8 + g;
 #pragma unroll
     for (int i = 0; i < T::kMTiles; ++i)
 #pragma unroll
@@ -262,10 +283,10 @@ __device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOu
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int r = q * 8 + col0 + c % 2;
-          int64_t col = unit.row0 + warp * 64 + i * 16 + g + 8 * (c / 2);
+          int64_t col = unit.row0 + warp * T::kMTiles * 16 + i * 16 + g + 8 * (c / 2);
           bool inside = col < a.N;
           if constexpr (kEpi == Epilogue::GateUpRows) {
-            const int j = unit.row0 / 2 + warp * 32 + i * 8 + g;
+            const int j = unit.row0 / 2 + warp * T::kMTiles * 8 + i * 8 + g;
             col = int64_t(c / 2) * (a.N / 2) + j;
             inside = j < a.N / 2;
           }
@@ -411,39 +432,51 @@ void configure() {
     K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
 }
 
+// The CTA shapes launched: 4 warps x 4 m-tiles for every token tile, and 8 warps x 2 m-tiles for
+// 32-token tiles at prefill (the same weight rows and shared memory per CTA, twice the warps).
+using Tile8 = Tile<1, 4>;
+using Tile16 = Tile<2, 4>;
+using Tile32 = Tile<4, 4>;
+using Tile32Wide = Tile<4, 8>;
+
 template <Epilogue kEpi>
-void launch_tile(TokenTile tile, const ExpertGemmArgs& a, const GemmOutput& out, cudaStream_t stream) {
+void launch_tile(TokenTile tile, int warps, const ExpertGemmArgs& a, const GemmOutput& out, cudaStream_t stream) {
   switch (tile) {
-    case TokenTile::T8: return launch<Tile<1>, kEpi>(a, out, stream);
-    case TokenTile::T16: return launch<Tile<2>, kEpi>(a, out, stream);
-    case TokenTile::T32: return launch<Tile<4>, kEpi>(a, out, stream);
+    case TokenTile::T8: return launch<Tile8, kEpi>(a, out, stream);
+    case TokenTile::T16: return launch<Tile16, kEpi>(a, out, stream);
+    case TokenTile::T32:
+      if (warps == 8) return launch<Tile32Wide, kEpi>(a, out, stream);
+      return launch<Tile32, kEpi>(a, out, stream);
   }
 }
 
 }  // namespace
 
 void configure_expert_gemm_kernels() {
-  configure<Tile<1>>();
-  configure<Tile<2>>();
-  configure<Tile<4>>();
+  configure<Tile8>();
+  configure<Tile16>();
+  configure<Tile32>();
+  configure<Tile32Wide>();
 }
 
-void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, cudaStream_t stream) {
+void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
+                         cudaStream_t stream) {
   if (args.num_local == 0) return;
-  if (args.splits == 1) launch_tile<Epilogue::Activation>(tile, args, out, stream);
-  else launch_tile<Epilogue::GateUpRows>(tile, args, out, stream);
+  if (args.splits == 1) launch_tile<Epilogue::Activation>(tile, warps, args, out, stream);
+  else launch_tile<Epilogue::GateUpRows>(tile, warps, args, out, stream);
 }
 
-void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, cudaStream_t stream) {
+void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
+                         cudaStream_t stream) {
   if (args.num_local == 0) return;
-  launch_tile<Epilogue::Rows>(tile, args, out, stream);
+  launch_tile<Epilogue::Rows>(tile, warps, args, out, stream);
 }
 
 int gemm_ctas_per_sm(TokenTile tile) {
   switch (tile) {
-    case TokenTile::T8: return Tile<1>::kMinBlocksPerSm;
-    case TokenTile::T16: return Tile<2>::kMinBlocksPerSm;
-    default: return Tile<4>::kMinBlocksPerSm;
+    case TokenTile::T8: return Tile8::kMinBlocksPerSm;
+    case TokenTile::T16: return Tile16::kMinBlocksPerSm;
+    default: return Tile32::kMinBlocksPerSm;
   }
 }
 

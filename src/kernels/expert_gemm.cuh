@@ -46,8 +46,11 @@ struct GemmOutput {
 
 // Raises the kernels' shared-memory limit on the current device; once per device, before launches.
 void configure_expert_gemm_kernels();
-void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, cudaStream_t stream);
-void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, cudaStream_t stream);
+// warps: 4, or 8 with TokenTile::T32 (the same CTA rows in 2 m-tiles per warp).
+void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
+                         cudaStream_t stream);
+void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
+                         cudaStream_t stream);
 // Resident CTAs per SM of a launch (the persistent grid is sm_count times this).
 int gemm_ctas_per_sm(TokenTile tile);
 

@@ -47,6 +47,7 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   const double rows = k.expected_rows_per_expert;
   k.token_tile = rows <= 8.0 ? kernels::TokenTile::T8 : rows <= 16.0 ? kernels::TokenTile::T16
                                                                      : kernels::TokenTile::T32;
+  if (k.token_tile == kernels::TokenTile::T32 && rows >= 64.0) k.gemm_warps = 8;
   const double tile_rows = 8.0 * int(k.token_tile);
   const double tiles = k.expected_active_experts * std::max(1.0, std::ceil(rows / tile_rows));
   const double target = double(sm_count) * kernels::gemm_ctas_per_sm(k.token_tile);
@@ -66,9 +67,9 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
 std::string KernelChoice::describe() const {
   char buf[320];
   std::snprintf(buf, sizeof buf,
-                "expert GEMMs: mma.sync bf16 m16n8k16, persistent CTAs over units of 256 weight rows x %d tokens; "
-                "K split %d (GEMM1) and %d (GEMM2) (expected %.1f active experts, %.1f rows each)",
-                8 * int(token_tile), gemm1_splits, gemm2_splits, expected_active_experts, expected_rows_per_expert);
+                "expert GEMMs: mma.sync bf16 m16n8k16, persistent CTAs of %d warps over units of 256 weight "
+                "rows x %d tokens; K split %d (GEMM1) and %d (GEMM2) (expected %.1f active experts, %.1f rows each)",
+                gemm_warps, 8 * int(token_tile), gemm1_splits, gemm2_splits, expected_active_experts, expected_rows_per_expert);
   return buf;
 }
 

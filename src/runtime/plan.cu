@@ -215,7 +215,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token, ws.tile_info, ws.num_tiles,
                              ws.unit_counters, p.num_local, 2 * c.intermediate, c.hidden, choice.gemm1_splits, p.sm_count};
   kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
-  kernels::launch_expert_gemm1(g1, out1, choice.token_tile, stream);
+  kernels::launch_expert_gemm1(g1, out1, choice.token_tile, choice.gemm_warps, stream);
   if (choice.gemm1_splits > 1) {
     kernels::launch_activation({ws.h, rows * 2 * c.intermediate, choice.gemm1_splits, ws.expert_offset, p.num_local,
                                 int(rows), p.sm_count, c.intermediate, ws.inter, o.mode, o.activation,
@@ -234,7 +234,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::GemmOutput out2;
   out2.rows = ws.y;
   out2.split_stride = rows * c.hidden;
-  kernels::launch_expert_gemm2(g2, out2, choice.token_tile, stream);
+  kernels::launch_expert_gemm2(g2, out2, choice.token_tile, choice.gemm_warps, stream);
 
   kernels::launch_combine({ws.y, rows * c.hidden, choice.gemm2_splits, ws.slot_row, weights,
                            data_ptr<uint16_t>(args.out), int(T), int(K), int(H)},

@@ -30,11 +30,13 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   c.num_experts = 28;
   const KernelChoice one = choose_kernels(c, ExpertParallel{1, 0}, 1, 132);
   EXPECT_EQ(one.token_tile, kernels::TokenTile::T8);
+  EXPECT_EQ(one.gemm_warps, 4);
   EXPECT_EQ(one.gemm1_splits, 1);
   EXPECT_GE(one.gemm2_splits * 16 * 14, 2 * 396);
   // Prefill: thousands of units per GEMM, no split.
   const KernelChoice big = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132);
   EXPECT_EQ(big.token_tile, kernels::TokenTile::T32);
+  EXPECT_EQ(big.gemm_warps, 8);
   EXPECT_EQ(big.gemm1_splits, 1);
   EXPECT_EQ(big.gemm2_splits, 1);
 }
