@@ -2,17 +2,18 @@
 //
 // Operands are swapped: the weights are the mma's A side (16 rows per m-tile), the tokens its
 // 8-wide B side, so one token does not waste a 64-row tile. A unit of work is 256 weight rows
-// (4 warps x 4 m-tiles) of one expert, one tile of 8/16/32 of that expert's token rows and one
-// range of K; persistent CTAs take units from a counter and stream K in chunks of 128 through one
-// 3- or 4-stage pipeline that runs across units: per stage the weight blocks (already in fragment
-// order, expert_layout.cuh) and their scales by two bulk copies, and the token rows (gathered by
-// token id for GEMM1) by cp.async. Each lane widens its own codes to bf16 in registers with the E8M0 scale folded in by one
-// bf16 multiply (exact: a power of two times an E2M1 value), then issues the mma.
+// (4 warps x 4 m-tiles, or 8 x 2) of one expert, one tile of 8/16/32 of that expert's token rows
+// and one range of K; persistent CTAs take units from a counter and stream K in chunks of 128
+// through one 3- or 4-stage pipeline that runs across units: per stage the weight blocks (already
+// in fragment order, expert_layout.cuh) and their scales by two bulk copies, and the token rows
+// (gathered by token id for GEMM1) by cp.async. Each lane widens its own codes to bf16 in
+// registers with the E8M0 scale folded in by one bf16 multiply (exact: a power of two times an
+// E2M1 value), then issues the mma.
 //
 // Epilogues store from the accumulators:
 //   GEMM1: out j = act(h_gate, h_up) (gate and up of one j sit in one lane by the W13 row order),
-//          rounded to bf16 (A16) or to MXFP8 with the group amax taken over the warp's 32 outputs
-//          (Mxfp8; the dequantized value is stored as bf16, which holds it exactly);
+//          rounded to bf16 (A16) or to MXFP8 with the group amax taken over 32 outputs (one warp,
+//          or a warp pair) (Mxfp8; the dequantized value is stored as bf16, which holds it exactly);
 //   GEMM2 (and GEMM1 with K split): fp32 rows of the unit's split.
 #include "kernels/expert_gemm.cuh"
 
