@@ -460,8 +460,15 @@ void configure_expert_gemm_kernels() {
   configure<Tile32Wide>();
 }
 
+// Every unit must stream >= 1 chunk of its K range.
+void check_splits(const ExpertGemmArgs& args, const char* gemm) {
+  K3MOE_CHECK(args.splits >= 1 && args.splits <= args.K / kGemmChunkK, gemm, ": K = ", args.K, " splits into 1..",
+              args.K / kGemmChunkK, " ranges of ", kGemmChunkK, ", got ", args.splits);
+}
+
 void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
                          cudaStream_t stream) {
+  check_splits(args, "GEMM1");
   if (args.num_local == 0) return;
   if (args.splits == 1) launch_tile<Epilogue::Activation>(tile, warps, args, out, stream);
   else launch_tile<Epilogue::GateUpRows>(tile, warps, args, out, stream);
@@ -469,6 +476,7 @@ void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, Toke
 
 void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
                          cudaStream_t stream) {
+  check_splits(args, "GEMM2");
   if (args.num_local == 0) return;
   launch_tile<Epilogue::Rows>(tile, warps, args, out, stream);
 }

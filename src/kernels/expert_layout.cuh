@@ -44,10 +44,10 @@ inline constexpr int kBlockCodeBytes = kBlockRows * kBlockK / 2;  // 512
 inline constexpr int kBlockScaleBytes = kBlockRows * kBlockK / 32;  // 32
 inline constexpr int kGroupRowBlocks = 16;  // 256 rows
 inline constexpr int kChunkBlocks = 2;      // 128 of K; K must be a multiple of 128
-inline constexpr uint8_t kMaxScale = 128;
+inline constexpr uint8_t kMaxScale = 128;  // largest E8M0 byte the bf16 multiplier can hold
 inline constexpr uint32_t kWidenMask = 0x81C081C0u;      // bf16 bits 6..8 and 15 of both halves
 inline constexpr uint32_t kWidenMaskShl2 = 0x80C080C0u;  // pair 3: m0, e0 and sign from w << 2
-inline constexpr uint32_t kWidenMaskShr6 = 0x01000100u;  // pair 3: e1 from w >> 6  // largest E8M0 byte the bf16 multiplier can hold
+inline constexpr uint32_t kWidenMaskShr6 = 0x01000100u;  // pair 3: e1 from w >> 6
 
 // W13: kernel row -> checkpoint row (rows [0, I) = w1 gate, [I, 2I) = w3 up).
 K3MOE_HD constexpr int w13_checkpoint_row(int kernel_row, int intermediate) {

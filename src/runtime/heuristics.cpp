@@ -22,14 +22,14 @@ namespace {
 // quarter wave, and the partial rows grow with the tokens. Measured on the H200: bench/NOTES.md.
 int choose_splits(double units, int chunks, double ctas, int max_splits, double penalty, double min_waves) {
   if (units >= 4.0 * ctas) return 1;
-  int best = 1;
+  int best = 0;
   double best_cost = 0.0;
-  const int most = std::min(chunks, max_splits);
+  const int most = std::max(1, std::min(chunks, max_splits));
   for (int s = 1; s <= most; ++s) {
     if (s < most && units * s < min_waves * ctas) continue;
     const double per_cta = std::ceil(units * s / ctas) * std::ceil(double(chunks) / s);
     const double cost = per_cta + penalty * (s - 1);
-    if (best_cost == 0.0 || cost < best_cost) {
+    if (best == 0 || cost < best_cost) {
       best = s;
       best_cost = cost;
     }
@@ -55,10 +55,10 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   // NOTE: GEMM1's ranges add the activation stage and 2I fp32 per row and range. Between one and
   // four waves of units, two ranges halve the tail (measured: local28 T = 8 and 32, -6 % and -15 %).
   const double units1 = tiles * std::ceil(2.0 * c.intermediate / rows_per_cta);
+  const int chunks1 = c.hidden / kernels::kGemmChunkK;
   k.gemm1_splits = units1 >= target && units1 < 4.0 * target
-                       ? 2
-                       : choose_splits(units1, c.hidden / kernels::kGemmChunkK, target,
-                                       kernels::kMaxActivationSplits, 1.5, 0.0);
+                       ? std::min(2, chunks1)
+                       : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5, 0.0);
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
                                  c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25, 2.0);
   return k;

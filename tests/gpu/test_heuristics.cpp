@@ -11,16 +11,27 @@
 namespace k3moe {
 namespace {
 
-TEST(Heuristics, SplitsStayWithinWhatTheStagesSum) {
-  const MoeConfig c = MoeConfig::kimi_k3();
-  for (const ExpertParallel ep : {ExpertParallel{1, 0}, ExpertParallel{16, 3}, ExpertParallel{32, 7}})
-    for (int t = 1; t <= 16384; t = t < 64 ? t + 1 : t * 2) {
-      const KernelChoice k = choose_kernels(c, ep, t, 132);
-      EXPECT_GE(k.gemm1_splits, 1);
-      EXPECT_LE(k.gemm1_splits, std::min(kernels::kMaxActivationSplits, c.hidden / 128)) << "T " << t;
-      EXPECT_GE(k.gemm2_splits, 1);
-      EXPECT_LE(k.gemm2_splits, std::min(kernels::kMaxCombineSplits, c.intermediate / 128)) << "T " << t;
-    }
+TEST(Heuristics, SplitsStayWithinWhatTheStagesSumAndTheChunks) {
+  // Kimi-K3, and narrow layers where a K of one or two chunks bounds the split (every unit must
+  // stream at least one chunk).
+  MoeConfig narrow = MoeConfig::kimi_k3();
+  narrow.hidden = 128;
+  narrow.intermediate = 2048;
+  narrow.num_experts = 64;
+  narrow.top_k = 8;
+  MoeConfig narrow_i = narrow;
+  narrow_i.hidden = 2048;
+  narrow_i.intermediate = 256;
+  for (const MoeConfig& c : {MoeConfig::kimi_k3(), narrow, narrow_i})
+    for (const ExpertParallel ep : {ExpertParallel{1, 0}, ExpertParallel{16, 3}, ExpertParallel{32, 7}})
+      for (int t = 1; t <= 16384; t = t < 64 ? t + 1 : t * 2) {
+        const KernelChoice k = choose_kernels(c, ep, t, 132);
+        EXPECT_GE(k.gemm1_splits, 1);
+        EXPECT_LE(k.gemm1_splits, std::min(kernels::kMaxActivationSplits, c.hidden / 128)) << "H " << c.hidden << " T " << t;
+        EXPECT_GE(k.gemm2_splits, 1);
+        EXPECT_LE(k.gemm2_splits, std::min(kernels::kMaxCombineSplits, c.intermediate / 128))
+            << "I " << c.intermediate << " T " << t;
+      }
 }
 
 TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
