@@ -67,7 +67,7 @@ std::vector<Case> suite(const std::string& name) {
     add("ep16", {256});
   }
   if (name == "prefill" || name == "all") {
-    add("local28", {128, 512, 1024, 2048, 4096});
+    add("local28", {128, 512, 1024, 2048, 4096, 16384});
     add("ep16", {8192});
   }
   K3MOE_CHECK(!cases.empty(), "--suite must be decode, prefill or all, got ", name);
@@ -87,18 +87,23 @@ struct Options {
   std::string mode;
   bool no_baseline = false;
   std::vector<int> splits;  // {both} or {GEMM1, GEMM2}; 0: the heuristic's
+  int tile = 0;             // 0: the heuristic's
+  bool explain = false;
 };
 
 Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
-             const Ceilings& ceil, bool with_baseline, const std::vector<int>& splits) {
+             const Ceilings& ceil, bool with_baseline, const Options& o) {
   const MoeConfig& cfg = shape.config;
   const int64_t T = c.tokens, H = cfg.hidden, E = cfg.num_experts, K = cfg.top_k;
   PlanOptions options{cfg, c.tokens, c.mode, cfg.activation, cfg.activation_params, shape.ep, 0};
-  if (!splits.empty()) {
-    options.gemm1_splits = splits.front();
-    options.gemm2_splits = splits.back();
+  if (!o.splits.empty()) {
+    options.gemm1_splits = o.splits.front();
+    options.gemm2_splits = o.splits.back();
   }
+  options.token_tile = o.tile;
   MoePlan plan = MoePlan::create(options);
+  if (o.explain) std::printf("  %s T=%d %.*s: %s\n", shape.name.c_str(), c.tokens, int(to_string(c.mode).size()), to_string(c.mode).data(),
+                             plan.describe(c.tokens).c_str());
   cudaStream_t stream;
   K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
@@ -250,7 +255,7 @@ void bench(const Options& o) {
       loaded.emplace(c.shape, std::make_pair(std::move(host), std::move(device)));
     }
     const auto& [host, device] = loaded.at(c.shape);
-    const Row r = run_case(c, shape, host, *device, ceil, !o.no_baseline, o.splits);
+    const Row r = run_case(c, shape, host, *device, ceil, !o.no_baseline, o);
     std::printf("%-8s %5d %-6s %6.1f %9.1f %9.1f %7.2f %8.1f %6.1f %9.3f %10.1f %8.2fx %6.1f%% %6.0e\n", c.shape.c_str(),
                 c.tokens, std::string(to_string(c.mode)).c_str(), r.active_experts, r.us_ids, r.us_logits,
                 r.bytes / (r.us_ids * 1e-6) / 1e12, r.flops / (r.us_ids * 1e-6) / 1e12, r.floor_us, r.floor_ratio,
@@ -306,6 +311,9 @@ void register_bench(CLI::App& app) {
       ->delimiter(',')
       ->expected(1, 2)
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--tile", o->tile, "Force the expert GEMMs' token tile: 8, 16, 32 (mma.sync) or 128 (wgmma); 0: the heuristic's")
+      ->check(CLI::IsMember({0, 8, 16, 32, 128}));
+  cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");
   cmd->callback([o] { bench(*o); });
 }
 

@@ -91,6 +91,9 @@ struct PlanOptions {
   // (GEMM2).
   int gemm1_splits = 0;
   int gemm2_splits = 0;
+  // Token tile of the expert GEMMs: 0 (the heuristic's), 8, 16 or 32 (mma.sync kernels) or 128
+  // (the wgmma kernel, which keeps K whole: the split overrides do not apply to it).
+  int token_tile = 0;
 };
 
 // Tensors of one forward. Shapes: T tokens, H hidden, K top-k, E global experts.

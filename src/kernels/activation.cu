@@ -1,6 +1,7 @@
 // One thread per (row, output j); a warp holds 32 consecutive outputs of a row, one MX group, so
 // the group's amax is a warp reduction. The splits' partial sums are loaded together, then added
 // in split order.
+#include "kernels/fast_activation.cuh"
 #include "kernels/activation.cuh"
 
 #include <algorithm>
@@ -43,7 +44,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) 
       g += gate[s];
       u += up[s];
     }
-  float v = apply_activation<float>(a.activation, a.params, g, u);
+  float v = fast_activation(a.activation, a.params, g, u);
   if (a.mode == Mode::Mxfp8) {
     uint32_t amax_bits = float_bits(v) & 0x7FFFFFFFu;  // |v| as bits: NaN orders above Inf
 #pragma unroll

@@ -15,6 +15,7 @@
 //          rounded to bf16 (A16) or to MXFP8 with the group amax taken over 32 outputs (one warp,
 //          or a warp pair) (Mxfp8; the dequantized value is stored as bf16, which holds it exactly);
 //   GEMM2 (and GEMM1 with K split): fp32 rows of the unit's split.
+#include "kernels/fast_activation.cuh"
 #include "kernels/expert_gemm.cuh"
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "k3moe/activation.h"
 #include "k3moe/formats.h"
 #include "kernels/expert_layout.cuh"
+#include "kernels/mxfp4_fragments.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
@@ -56,35 +58,6 @@ struct Tile {
   static_assert(kStageBytes % 128 == 0, "stages must stay 16-byte (cp.async) aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one SM");
 };
-
-enum class Epilogue { Activation, GateUpRows, Rows };
-
-// The four bf16x2 A registers of one 16-k step, widened from the step's code word (bit placement:
-// expert_layout.cuh), each value * 2^-126.
-__device__ __forceinline__ void widen_codes(uint32_t w, uint32_t (&pairs)[4]) {
-  constexpr uint32_t kMask = layout::kWidenMask;
-  pairs[0] = w & kMask;
-  pairs[1] = (w << 6) & kMask;
-  pairs[2] = __funnelshift_l(w, w, 28) & kMask;
-  pairs[3] = ((w << 2) & layout::kWidenMaskShl2) | ((w >> 6) & layout::kWidenMaskShr6);
-}
-
-// bf16x2 {2^(s0-1), 2^(s1-1)} from bytes 2 `group` and 2 `group` + 1 (= s + 126) of a scale word,
-// the multipliers of rows g and g + 8 of one k-group: the two bytes moved onto the two halves'
-// exponent fields. The NaN scale's byte 255 gives +Inf, and its group's codes are zero (upload),
-// so every weight of the group is 0 * Inf = NaN.
-__device__ __forceinline__ uint32_t scale_multipliers(uint32_t scale_word, int group) {
-  return __byte_perm(scale_word, 0u, group == 0 ? 0x4140u : 0x4342u) << 7;
-}
-
-// pairs[p] * the multiplier of its row: the low half for rows g (pairs 0, 2), the high for g + 8.
-__device__ __forceinline__ void scale_pairs(uint32_t (&pairs)[4], uint32_t multipliers) {
-  const uint32_t lo = __byte_perm(multipliers, 0u, 0x1010u), hi = __byte_perm(multipliers, 0u, 0x3232u);
-  pairs[0] = ptx::mul_bf16x2(pairs[0], lo);
-  pairs[1] = ptx::mul_bf16x2(pairs[1], hi);
-  pairs[2] = ptx::mul_bf16x2(pairs[2], lo);
-  pairs[3] = ptx::mul_bf16x2(pairs[3], hi);
-}
 
 // The unit a CTA works on, decoded from its index and its token tile (see ExpertGemmArgs).
 struct Unit {
@@ -225,7 +198,7 @@ __device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOu
       for (int q = 0; q < T::kNT; ++q)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          v[i][q][h] = apply_activation<float>(out.activation, out.params, acc[i][q][h], acc[i][q][2 + h]);
+          v[i][q][h] = fast_activation(out.activation, out.params, acc[i][q][h], acc[i][q][2 + h]);
     if (out.mode == Mode::Mxfp8) {
       // One MX group = 32 outputs of one token: the m-tiles in the lane x 8 lanes (g), and with two
       // m-tiles per warp, the pair of warps 2w, 2w + 1 (through shared memory).
@@ -260,7 +233,7 @@ __device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOu
           const uint8_t s = mx_scale_round_up(bits_float(amax_bits[q][h]), kE4M3Max);
 #pragma unroll
           for (int i = 0; i < T::kMTiles; ++i)
-            v[i][q][h] = e4m3_to_float(float_to_e4m3(scale_down_by_e8m0(v[i][q][h], s))) * e8m0_to_float(s);
+            v[i][q][h] = round_to_mxfp8(v[i][q][h], s);
         }
     }
     const int out_cols = a.N / 2, j0 = unit.row0 / 2 + warp * T::kMTiles * 8 + g;
@@ -448,6 +421,8 @@ void launch_tile(TokenTile tile, int warps, const ExpertGemmArgs& a, const GemmO
     case TokenTile::T32:
       if (warps == 8) return launch<Tile32Wide, kEpi>(a, out, stream);
       return launch<Tile32, kEpi>(a, out, stream);
+    case TokenTile::T128:
+      return launch_expert_gemm_wgmma(a, out, kEpi != Epilogue::Rows, stream);
   }
 }
 
@@ -458,6 +433,7 @@ void configure_expert_gemm_kernels() {
   configure<Tile16>();
   configure<Tile32>();
   configure<Tile32Wide>();
+  configure_expert_gemm_wgmma_kernels();
 }
 
 // Every unit must stream >= 1 chunk of its K range.
@@ -485,6 +461,7 @@ int gemm_ctas_per_sm(TokenTile tile) {
   switch (tile) {
     case TokenTile::T8: return Tile8::kMinBlocksPerSm;
     case TokenTile::T16: return Tile16::kMinBlocksPerSm;
+    case TokenTile::T128: return 1;
     default: return Tile32::kMinBlocksPerSm;
   }
 }

@@ -12,8 +12,9 @@
 
 namespace k3moe::kernels {
 
-// Token-tile widths a launch can use: 8, 16 or 32 tokens per CTA (1, 2 or 4 mma n-tiles).
-enum class TokenTile { T8 = 1, T16 = 2, T32 = 4 };
+// Token-tile widths a launch can use: 8, 16 or 32 tokens per CTA (1, 2 or 4 mma.sync n-tiles), or
+// 128 (the wgmma kernel of expert_gemm_wgmma.cu, prefill; K whole).
+enum class TokenTile { T8 = 1, T16 = 2, T32 = 4, T128 = 16 };
 
 struct ExpertGemmArgs {
   const uint8_t* codes = nullptr;   // [E_local, N/16, K/64, 512]
@@ -51,6 +52,9 @@ void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, Toke
                          cudaStream_t stream);
 void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
                          cudaStream_t stream);
+// The wgmma kernels (TokenTile::T128), called by the two above.
+void configure_expert_gemm_wgmma_kernels();
+void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, cudaStream_t stream);
 // Resident CTAs per SM of a launch (the persistent grid is sm_count times this).
 int gemm_ctas_per_sm(TokenTile tile);
 

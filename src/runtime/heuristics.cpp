@@ -4,6 +4,8 @@
 #include "kernels/combine.cuh"
 
 #include <algorithm>
+
+#include "k3moe/error.h"
 #include <cmath>
 #include <cstdio>
 
@@ -39,14 +41,22 @@ int choose_splits(double units, int chunks, double ctas, int max_splits, double 
 
 }  // namespace
 
-KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, int sm_count) {
+KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, int sm_count, int forced_tile) {
   KernelChoice k;
   const double local = ep.num_local(c.num_experts);
   k.expected_rows_per_expert = double(tokens) * c.top_k / c.num_experts;
   k.expected_active_experts = local * (1.0 - std::pow(1.0 - double(c.top_k) / c.num_experts, tokens));
   const double rows = k.expected_rows_per_expert;
-  k.token_tile = rows <= 8.0 ? kernels::TokenTile::T8 : rows <= 16.0 ? kernels::TokenTile::T16
-                                                                     : kernels::TokenTile::T32;
+  k.token_tile = rows <= 8.0    ? kernels::TokenTile::T8
+                 : rows <= 16.0 ? kernels::TokenTile::T16
+                 : rows < kWgmmaMinRows ? kernels::TokenTile::T32
+                                        : kernels::TokenTile::T128;
+  if (forced_tile != 0) {
+    K3MOE_CHECK(forced_tile == 8 || forced_tile == 16 || forced_tile == 32 || forced_tile == 128,
+                "token_tile must be 0, 8, 16, 32 or 128, got ", forced_tile);
+    k.token_tile = kernels::TokenTile(forced_tile / 8);
+  }
+  if (k.token_tile == kernels::TokenTile::T128) return k;  // K whole
   if (k.token_tile == kernels::TokenTile::T32 && rows >= 64.0) k.gemm_warps = 8;
   const double tile_rows = 8.0 * int(k.token_tile);
   const double tiles = k.expected_active_experts * std::max(1.0, std::ceil(rows / tile_rows));
@@ -66,6 +76,13 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
 
 std::string KernelChoice::describe() const {
   char buf[320];
+  if (token_tile == kernels::TokenTile::T128) {
+    std::snprintf(buf, sizeof buf,
+                  "expert GEMMs: wgmma bf16 m64n128k16, persistent CTAs (1 producer + 2 consumer warpgroups) over units "
+                  "of 256 weight rows x 128 tokens, K whole (expected %.1f active experts, %.1f rows each)",
+                  expected_active_experts, expected_rows_per_expert);
+    return buf;
+  }
   std::snprintf(buf, sizeof buf,
                 "expert GEMMs: mma.sync bf16 m16n8k16, persistent CTAs of %d warps over units of 256 weight "
                 "rows x %d tokens; K split %d (GEMM1) and %d (GEMM2) (expected %.1f active experts, %.1f rows each)",

@@ -26,6 +26,10 @@ struct KernelChoice {
 // 636 us against 704 with 4; T = 32 263 against 250). K is split into ranges when that balances the units of work (token tile x 256 weight
 // rows x K range) over the resident CTAs better (a few experts at decode): then every SM streams
 // weights to the end (the cost model: heuristics.cpp).
-KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count);
+// `forced_tile` (8, 16, 32, 128; 0: choose) fixes the token tile; the rest is chosen for it.
+// From kWgmmaMinRows rows per expert on, the 128-token wgmma kernel runs both GEMMs (K whole).
+KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count, int forced_tile = 0);
+
+inline constexpr double kWgmmaMinRows = 64.0;
 
 }  // namespace k3moe

@@ -23,7 +23,8 @@ namespace {
 
 // The heuristic's choice with the options' overrides applied.
 KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, int sm_count) {
-  KernelChoice k = choose_kernels(o.config, o.ep, int(tokens), sm_count);
+  KernelChoice k = choose_kernels(o.config, o.ep, int(tokens), sm_count, o.token_tile);
+  if (k.token_tile == kernels::TokenTile::T128) return k;
   const int chunks1 = o.config.hidden / kernels::kGemmChunkK, chunks2 = o.config.intermediate / kernels::kGemmChunkK;
   if (o.gemm1_splits > 0) k.gemm1_splits = std::min({o.gemm1_splits, chunks1, kernels::kMaxActivationSplits});
   if (o.gemm2_splits > 0) k.gemm2_splits = std::min({o.gemm2_splits, chunks2, kernels::kMaxCombineSplits});
@@ -109,6 +110,9 @@ MoePlan MoePlan::create(const PlanOptions& o) {
   K3MOE_CHECK(o.max_tokens >= 0, "max_tokens must be >= 0, got ", o.max_tokens);
   K3MOE_CHECK(o.gemm1_splits >= 0 && o.gemm2_splits >= 0, "gemm splits must be >= 0 (0: automatic), got ",
               o.gemm1_splits, " and ", o.gemm2_splits);
+  K3MOE_CHECK(o.token_tile == 0 || o.token_tile == 8 || o.token_tile == 16 || o.token_tile == 32 ||
+                  o.token_tile == 128,
+              "token_tile must be 0 (automatic), 8, 16, 32 or 128, got ", o.token_tile);
   K3MOE_CHECK(c.hidden % kernels::kGemmKMultiple == 0 && c.intermediate % kernels::kGemmKMultiple == 0,
               "the expert GEMMs need H and I to be multiples of ", kernels::kGemmKMultiple, ", got H = ", c.hidden,
               ", I = ", c.intermediate);

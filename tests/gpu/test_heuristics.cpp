@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "k3moe/error.h"
 #include "kernels/activation.cuh"
 #include "kernels/combine.cuh"
 #include "runtime/heuristics.h"
@@ -44,12 +45,23 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(one.gemm_warps, 4);
   EXPECT_EQ(one.gemm1_splits, 1);
   EXPECT_GE(one.gemm2_splits * 16 * 14, 2 * 396);
-  // Prefill: thousands of units per GEMM, no split.
+  // Prefill: the wgmma kernel, K whole.
   const KernelChoice big = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132);
-  EXPECT_EQ(big.token_tile, kernels::TokenTile::T32);
-  EXPECT_EQ(big.gemm_warps, 8);
+  EXPECT_EQ(big.token_tile, kernels::TokenTile::T128);
   EXPECT_EQ(big.gemm1_splits, 1);
   EXPECT_EQ(big.gemm2_splits, 1);
+  // Between: 32-token mma.sync tiles, 8 warps from 64 rows per expert when forced there.
+  const KernelChoice mid = choose_kernels(c, ExpertParallel{1, 0}, 64, 132);
+  EXPECT_EQ(mid.token_tile, kernels::TokenTile::T32);
+  const KernelChoice forced = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, 32);
+  EXPECT_EQ(forced.token_tile, kernels::TokenTile::T32);
+  EXPECT_EQ(forced.gemm_warps, 8);
+  EXPECT_EQ(forced.gemm1_splits, 1);
+}
+
+TEST(Heuristics, ForcedTileMustBeOneTheKernelsHave) {
+  MoeConfig c = MoeConfig::kimi_k3();
+  EXPECT_THROW(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, 64), Error);
 }
 
 }  // namespace

@@ -1,0 +1,298 @@
+// Grouped expert GEMMs for prefill: MXFP4 weights x bf16 activations on warpgroup MMA (wgmma
+// m64n128k16, fp32 accumulate), for token tiles of 128 rows of one expert.
+//
+// The weights stay the A side, as in the mma.sync kernel: wgmma takes A from registers in the
+// same per-warp fragment layout as mma.sync m16n8k16, so each lane widens the codes the layout
+// already stores in fragment order (expert_layout.cuh) and folds the E8M0 scale in with one bf16
+// multiply. The 128 token rows are the B side, read by the tensor cores from shared memory.
+//
+// A CTA (one per SM, persistent) is a producer warpgroup and two consumer warpgroups. A unit is
+// one token tile x one row group (256 weight rows, the layout's contiguous run per chunk of 128
+// k); CTA b takes units b, b + grid, ... in order, the row groups of a token tile consecutive, so
+// the CTAs working at one time share a few token tiles and experts in L2. Per chunk, through a
+// 4-stage ring of full/empty mbarriers:
+//   producer: thread 0 copies the chunk's weight codes and scales with two bulk copies; the 128
+//             threads gather the token rows' 256 bytes (GEMM1: by token id) with cp.async into
+//             the 128-byte-swizzled K-major layout wgmma reads, and arrive when they land;
+//   consumers: warpgroup c owns row blocks 8c .. 8c + 7 as two m64 tiles; per 16 k it widens its
+//             A fragments, issues two wgmmas and waits for the previous pair (so the A registers
+//             of one step are widened while the last step runs), releasing a stage once its last
+//             wgmma completed.
+// Epilogues store from the accumulators, whose per-warp layout is mma.sync's (rows g and g + 8 of
+// each 16 are gate and up of one output, by the W13 row order):
+//   GEMM1: act(h_gate, h_up) as bf16 (A16) or MXFP8 (group amax over the 4 warps of an m64 tile);
+//   GEMM2: fp32 rows.
+#include <cstdint>
+
+#include "k3moe/activation.h"
+#include "k3moe/formats.h"
+#include "kernels/fast_activation.cuh"
+#include "kernels/expert_gemm.cuh"
+#include "kernels/expert_layout.cuh"
+#include "kernels/launch.cuh"
+#include "kernels/mxfp4_fragments.cuh"
+#include "kernels/sm90/ptx.cuh"
+#include "runtime/cuda_check.h"
+
+namespace k3moe::kernels {
+namespace {
+
+struct WgTile {
+  static constexpr int kTokens = 128;  // the wgmma N
+  static constexpr int kConsumers = 2;
+  static constexpr int kMTiles = 2;  // m64 tiles per consumer warpgroup
+  static constexpr int kRowsPerCta = 64 * kMTiles * kConsumers;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kChunkK = 128;
+  static constexpr int kStages = 4;
+  static constexpr int kActHalfBytes = kTokens * 128;  // 64 k of every token row
+  static constexpr int kActBytes = 2 * kActHalfBytes;
+  static constexpr int kCodeBytes = layout::kGroupRowBlocks * layout::kChunkBlocks * layout::kBlockCodeBytes;
+  static constexpr int kScaleBytes = layout::kGroupRowBlocks * layout::kChunkBlocks * layout::kBlockScaleBytes;
+  static constexpr int kStageBytes = kActBytes + kCodeBytes + kScaleBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + the slack to align to 1024
+  // 128 x 40 + 256 x 232 registers <= 64 K: the producer gives its registers to the consumers.
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+  static_assert(kRowsPerCta == layout::kGroupRowBlocks * layout::kBlockRows, "a unit is one row group");
+  static_assert(kChunkK == layout::kChunkBlocks * layout::kBlockK, "a stage holds one chunk of the layout");
+  static_assert(kStageBytes % 1024 == 0, "the swizzle atoms of every stage stay 1024-byte aligned");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one SM");
+  static_assert(kTokens == 128, "one producer thread per token row");
+};
+
+// Where unit u's rows live: its token tile and its row group.
+struct WgUnit {
+  int4 tile;  // {local expert, first row, rows, 0}
+  int group;
+};
+
+__device__ __forceinline__ WgUnit wg_unit(const ExpertGemmArgs& a, int u, int row_groups) {
+  return {a.tile_info[u / row_groups], u % row_groups};
+}
+
+// The producer warpgroup: fills stage after stage with the chunks of this CTA's units.
+constexpr int kProducerBarrier = 3;  // named barriers 1, 2: the consumer warpgroups' epilogues
+
+__device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, uint64_t* full, uint64_t* empty,
+                                        int64_t* s_rows, int num_units, int row_groups) {
+  using T = WgTile;
+  const int tid = threadIdx.x % 128;
+  const int chunks = a.K / T::kChunkK;
+  const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
+  int seq = 0;
+  for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
+    const WgUnit unit = wg_unit(a, u, row_groups);
+    const int64_t first_block =
+        int64_t(unit.tile.x) * n_blocks * k_blocks + int64_t(unit.group) * layout::kGroupRowBlocks * k_blocks;
+    const uint32_t blocks = layout::group_row_blocks(unit.group, a.N) * layout::kChunkBlocks;
+    const uint32_t code_bytes = blocks * layout::kBlockCodeBytes, scale_bytes = blocks * layout::kBlockScaleBytes;
+    const uint8_t* code_src = a.codes + first_block * layout::kBlockCodeBytes;
+    const uint8_t* scale_src = a.scales + first_block * layout::kBlockScaleBytes;
+    // The unit's token rows (element offsets of their first k; -1: past the tile), for the
+    // coalesced copies below, after the last unit's copies have all been issued.
+    ptx::named_barrier_sync(kProducerBarrier, 128);
+    s_rows[tid] = tid >= unit.tile.z ? -1 : (a.row_token ? a.row_token[unit.tile.y + tid] : unit.tile.y + tid) * int64_t(a.K);
+    ptx::named_barrier_sync(kProducerBarrier, 128);
+    for (int c = 0; c < chunks; ++c, ++seq) {
+      const int stage = seq % T::kStages;
+      if (seq >= T::kStages) ptx::mbarrier_wait_parity(&empty[stage], (seq / T::kStages - 1) & 1);
+      uint8_t* st = smem + stage * T::kStageBytes;
+      if (tid == 0) {
+        ptx::mbarrier_arrive_expect_tx(&full[stage], code_bytes + scale_bytes);
+        ptx::cp_async_bulk_g2s(st + T::kActBytes, code_src + int64_t(c) * code_bytes, code_bytes, &full[stage]);
+        ptx::cp_async_bulk_g2s(st + T::kActBytes + T::kCodeBytes, scale_src + int64_t(c) * scale_bytes, scale_bytes,
+                               &full[stage]);
+      }
+      // Each warp instruction copies the chunk's 256 bytes of two rows (full lines). Piece p of a
+      // row (16 bytes) goes to k-half p / 8, 16-byte slot (p % 8) ^ (row % 8) of the row's 128
+      // bytes: the 128-byte swizzle. Rows past the tile are zeros.
+      const int piece = tid % 16, half = piece / 8;
+      const uint16_t* src = a.act + c * T::kChunkK + piece * 8;
+      uint8_t* dst = st + half * T::kActHalfBytes;
+#pragma unroll 4
+      for (int i = 0; i < T::kTokens / 8; ++i) {
+        const int row = (tid / 32) * 32 + 2 * i + (tid % 32) / 16;
+        const int64_t offset = s_rows[row];
+        ptx::cp_async_16(dst + row * 128 + (((piece % 8) ^ (row % 8)) * 16), offset < 0 ? a.act : src + offset,
+                         offset < 0 ? 0 : 16);
+      }
+      ptx::cp_async_mbarrier_arrive_noinc(&full[stage]);
+    }
+  }
+  ptx::cp_async_wait<0>();
+}
+
+using WgAccumulators = float[WgTile::kMTiles][64];
+
+// One chunk's wgmmas for consumer warpgroup `cwg`; `release` is the stage to hand back once the
+// wgmmas that read it have completed (-1: none), cleared when done.
+__device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int warp, int lane, bool first,
+                                              WgAccumulators& acc, int& release, uint64_t* empty) {
+  using T = WgTile;
+  const uint8_t* s_codes = st + T::kActBytes;
+  const uint8_t* s_scales = s_codes + T::kCodeBytes;
+#pragma unroll
+  for (int kb = 0; kb < layout::kChunkBlocks; ++kb) {
+    uint4 code[T::kMTiles];
+    uint32_t mult[T::kMTiles][2];
+#pragma unroll
+    for (int i = 0; i < T::kMTiles; ++i) {
+      const int block = (cwg * 8 + i * 4 + warp) * layout::kChunkBlocks + kb;
+      code[i] = ptx::ld_shared_v4(s_codes + block * layout::kBlockCodeBytes + lane * 16);
+      const uint32_t sw = ptx::ld_shared_u32(s_scales + block * layout::kBlockScaleBytes + (lane / 4) * 4);
+      mult[i][0] = scale_multipliers(sw, 0);
+      mult[i][1] = scale_multipliers(sw, 1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t afrag[T::kMTiles][4];
+#pragma unroll
+      for (int i = 0; i < T::kMTiles; ++i) {
+        const uint32_t word = kk == 0 ? code[i].x : kk == 1 ? code[i].y : kk == 2 ? code[i].z : code[i].w;
+        widen_codes(word, afrag[i]);
+        scale_pairs(afrag[i], mult[i][kk / 2]);
+      }
+      const uint64_t desc = ptx::wgmma_desc_k_major_sw128(st + kb * T::kActHalfBytes + kk * 32);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < T::kMTiles; ++i) ptx::wgmma_m64n128k16_bf16_rs(acc[i], afrag[i], desc, first && kb == 0 && kk == 0);
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<1>();
+      if (kb == 0 && kk == 0 && release >= 0) {  // the previous chunk's wgmmas are complete
+        if (lane == 0) ptx::mbarrier_arrive(&empty[release]);
+        release = -1;
+      }
+    }
+  }
+}
+
+template <Epilogue kEpi>
+__device__ __forceinline__ void store_wg_unit(const ExpertGemmArgs& a, const GemmOutput& out, const WgUnit& unit,
+                                              int cwg, int warp, int lane, WgAccumulators& acc,
+                                              uint32_t (*s_amax)[32]) {
+  using T = WgTile;
+  const int g = lane / 4, col0 = 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < T::kMTiles; ++i) {
+    const int row_block = unit.group * layout::kGroupRowBlocks + cwg * 8 + i * 4 + warp;
+    if constexpr (kEpi == Epilogue::Activation) {
+      // NOTE: by 4 n8 tiles (32 tokens) at a time, with the outputs out of the accumulators
+      // (writing them in place would serialize the wgmmas), to stay in the registers.
+      constexpr int kQ = 4;
+      const int out_cols = a.N / 2, j = row_block * 8 + g;
+#pragma unroll
+      for (int q0 = 0; q0 < T::kTokens / 8; q0 += kQ) {
+        float v[kQ][2];
+#pragma unroll
+        for (int q = 0; q < kQ; ++q)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            v[q][h] = fast_activation(out.activation, out.params, acc[i][4 * (q0 + q) + h],
+                                              acc[i][4 * (q0 + q) + 2 + h]);
+        if (out.mode == Mode::Mxfp8) {
+          // One MX group = 32 outputs of a token = this m64 tile's 8 outputs x 4 warps.
+          ptx::named_barrier_sync(1 + cwg, 128);  // the last readers of s_amax are done
+#pragma unroll
+          for (int q = 0; q < kQ; ++q)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              uint32_t bits = float_bits(v[q][h]) & 0x7FFFFFFFu;  // orders like |v|, NaN above Inf
+#pragma unroll
+              for (int offset = 4; offset < 32; offset *= 2)
+                bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+              if (g == 0) s_amax[warp][q * 8 + col0 + h] = bits;
+            }
+          ptx::named_barrier_sync(1 + cwg, 128);
+#pragma unroll
+          for (int q = 0; q < kQ; ++q)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int r = q * 8 + col0 + h;
+              const uint32_t bits = max(max(s_amax[0][r], s_amax[1][r]), max(s_amax[2][r], s_amax[3][r]));
+              v[q][h] = round_to_mxfp8(v[q][h], mx_scale_round_up(bits_float(bits), kE4M3Max));
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < kQ; ++q)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = (q0 + q) * 8 + col0 + h;
+            if (r < unit.tile.z && j < out_cols)
+              out.inter[int64_t(unit.tile.y + r) * out_cols + j] = float_to_bf16_bits(v[q][h]);
+          }
+      }
+    } else {
+      static_assert(kEpi == Epilogue::Rows, "K is never split on this path");
+#pragma unroll
+      for (int q = 0; q < T::kTokens / 8; ++q)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int r = q * 8 + col0 + c % 2, n = row_block * 16 + g + 8 * (c / 2);
+          if (r < unit.tile.z && n < a.N) out.rows[int64_t(unit.tile.y + r) * a.N + n] = acc[i][4 * q + c];
+        }
+    }
+  }
+}
+
+template <Epilogue kEpi>
+__global__ void __launch_bounds__(WgTile::kThreads, 1) expert_gemm_wgmma_kernel(ExpertGemmArgs a, GemmOutput out) {
+  using T = WgTile;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
+  __shared__ __align__(8) uint64_t s_full[T::kStages], s_empty[T::kStages];
+  __shared__ uint32_t s_amax[T::kConsumers][4][32];
+  __shared__ int64_t s_rows[T::kTokens];
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < T::kStages; ++s) {
+      ptx::mbarrier_init(&s_full[s], 1 + 128);      // the bulk copies' arrival + 128 cp.async threads
+      ptx::mbarrier_init(&s_empty[s], 4 * T::kConsumers);  // one per consumer warp
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+  const int row_groups = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
+  const int num_units = *a.num_tiles * row_groups;
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    ptx::setmaxnreg_dec<T::kProducerRegs>();
+    produce(a, smem, s_full, s_empty, s_rows, num_units, row_groups);
+    return;
+  }
+  ptx::setmaxnreg_inc<T::kConsumerRegs>();
+  const int cwg = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int chunks = a.K / T::kChunkK;
+  WgAccumulators acc;
+  int seq = 0, release = -1;
+  for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
+    const WgUnit unit = wg_unit(a, u, row_groups);
+    for (int c = 0; c < chunks; ++c, ++seq) {
+      const int stage = seq % T::kStages;
+      ptx::mbarrier_wait_parity(&s_full[stage], (seq / T::kStages) & 1);
+      ptx::fence_proxy_async_shared();  // the cp.async rows, seen by the tensor cores
+      consume_chunk(smem + stage * T::kStageBytes, cwg, warp, lane, c == 0, acc, release, s_empty);
+      release = stage;
+    }
+    ptx::wgmma_wait<0>();
+    if (lane == 0) ptx::mbarrier_arrive(&s_empty[release]);
+    release = -1;
+    store_wg_unit<kEpi>(a, out, unit, cwg, warp, lane, acc, s_amax[cwg]);
+  }
+}
+
+}  // namespace
+
+void configure_expert_gemm_wgmma_kernels() {
+  for (auto kernel : {expert_gemm_wgmma_kernel<Epilogue::Activation>, expert_gemm_wgmma_kernel<Epilogue::Rows>})
+    K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WgTile::kSmemBytes));
+}
+
+void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, cudaStream_t stream) {
+  K3MOE_CHECK(args.splits == 1, "the wgmma expert GEMMs keep K whole, got ", args.splits, " splits");
+  auto kernel = gemm1 ? expert_gemm_wgmma_kernel<Epilogue::Activation> : expert_gemm_wgmma_kernel<Epilogue::Rows>;
+  launch_dependent(kernel, args.sm_count, WgTile::kThreads, WgTile::kSmemBytes, stream, args, out);
+}
+
+}  // namespace k3moe::kernels

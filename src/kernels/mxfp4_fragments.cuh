@@ -1,0 +1,48 @@
+// What both expert-GEMM kernels (mma.sync and wgmma) do with one lane's MXFP4 weight fragments:
+// the widening to bf16 A-fragment registers (bit placement: expert_layout.cuh) with the E8M0 scale
+// folded in, and the epilogues' rounding of an output to MXFP8.
+#pragma once
+
+#include <cstdint>
+
+#include "k3moe/formats.h"
+#include "kernels/expert_layout.cuh"
+#include "kernels/sm90/ptx.cuh"
+
+namespace k3moe::kernels {
+
+enum class Epilogue { Activation, GateUpRows, Rows };
+
+// The four bf16x2 A registers of one 16-k step, widened from the step's code word (bit placement:
+// expert_layout.cuh), each value * 2^-126.
+__device__ __forceinline__ void widen_codes(uint32_t w, uint32_t (&pairs)[4]) {
+  constexpr uint32_t kMask = layout::kWidenMask;
+  pairs[0] = w & kMask;
+  pairs[1] = (w << 6) & kMask;
+  pairs[2] = __funnelshift_l(w, w, 28) & kMask;
+  pairs[3] = ((w << 2) & layout::kWidenMaskShl2) | ((w >> 6) & layout::kWidenMaskShr6);
+}
+
+// bf16x2 {2^(s0-1), 2^(s1-1)} from bytes 2 `group` and 2 `group` + 1 (= s + 126) of a scale word,
+// the multipliers of rows g and g + 8 of one k-group: the two bytes moved onto the two halves'
+// exponent fields. The NaN scale's byte 255 gives +Inf, and its group's codes are zero (upload),
+// so every weight of the group is 0 * Inf = NaN.
+__device__ __forceinline__ uint32_t scale_multipliers(uint32_t scale_word, int group) {
+  return __byte_perm(scale_word, 0u, group == 0 ? 0x4140u : 0x4342u) << 7;
+}
+
+// pairs[p] * the multiplier of its row: the low half for rows g (pairs 0, 2), the high for g + 8.
+__device__ __forceinline__ void scale_pairs(uint32_t (&pairs)[4], uint32_t multipliers) {
+  const uint32_t lo = __byte_perm(multipliers, 0u, 0x1010u), hi = __byte_perm(multipliers, 0u, 0x3232u);
+  pairs[0] = ptx::mul_bf16x2(pairs[0], lo);
+  pairs[1] = ptx::mul_bf16x2(pairs[1], hi);
+  pairs[2] = ptx::mul_bf16x2(pairs[2], lo);
+  pairs[3] = ptx::mul_bf16x2(pairs[3], hi);
+}
+
+// v rounded to the MXFP8 value of its group (E8M0 scale s): held exactly by a float.
+__device__ __forceinline__ float round_to_mxfp8(float v, uint8_t s) {
+  return e4m3_to_float(float_to_e4m3(scale_down_by_e8m0(v, s))) * e8m0_to_float(s);
+}
+
+}  // namespace k3moe::kernels
