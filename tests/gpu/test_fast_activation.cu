@@ -85,7 +85,7 @@ TEST_P(FastActivation, WithinFourMillionthsOfFloat64) {
                     << got;
   }
   EXPECT_EQ(failures, 0) << "of " << n << " inputs";
-std::printf("  %s: worst error %.3g of the bound over %d inputs\n", std::string(to_string(kind)).c_str(), worst, n);
+  std::printf("  %s: worst error %.3g of the bound over %d inputs\n", std::string(to_string(kind)).c_str(), worst, n);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, FastActivation,
