@@ -293,7 +293,8 @@ std::vector<Case> matrix(bool quick) {
     cases.push_back(c);
   };
   const MoeConfig reduced = reduced_config();
-  const std::vector<int> all_tokens = quick ? std::vector<int>{0, 1, 17, 129}
+  // NOTE: from T = 256 the reduced shape has >= 64 rows per expert: the wgmma kernels.
+  const std::vector<int> all_tokens = quick ? std::vector<int>{0, 1, 17, 129, 257}
                                             : std::vector<int>{0, 1, 2, 3, 8, 17, 32, 127, 128, 129, 1024, 4097};
   for (Mode mode : modes)
     for (Activation act : activations)
@@ -326,7 +327,8 @@ std::vector<Case> matrix(bool quick) {
 
   for (Mode mode : modes)
     for (Poison poison : {Poison::NanX, Poison::InfX, Poison::NanWeightScale, Poison::ExtremeScales})
-      add("reduced", reduced, {1, 0}, mode, Activation::Situ, 33, RoutingKind::Skewed, poison);
+      for (int T : quick ? std::vector<int>{33} : std::vector<int>{33, 300})
+        add("reduced", reduced, {1, 0}, mode, Activation::Situ, T, RoutingKind::Skewed, poison);
 
   for (Mode mode : modes)
     for (int T : quick ? std::vector<int>{1} : std::vector<int>{1, 128})
