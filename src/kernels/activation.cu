@@ -2,6 +2,7 @@
 // the group's amax is a warp reduction. The splits' partial sums are loaded together, then added
 // in split order.
 #include "kernels/fast_activation.cuh"
+#include "kernels/mxfp4_fragments.cuh"
 #include "kernels/activation.cuh"
 
 #include <algorithm>
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) 
     for (int offset = 1; offset < kGroup; offset *= 2)
       amax_bits = max(amax_bits, __shfl_xor_sync(0xFFFFFFFFu, amax_bits, offset));
     const uint8_t s = mx_scale_round_up(bits_float(amax_bits), kE4M3Max);
-    v = e4m3_to_float(float_to_e4m3(scale_down_by_e8m0(v, s))) * e8m0_to_float(s);
+    v = round_to_mxfp8(v, s);
   }
   a.inter[row * a.intermediate + j] = float_to_bf16_bits(v);
   }

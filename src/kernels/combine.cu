@@ -1,7 +1,10 @@
-// A group of G lanes (G = top_k rounded up to a power of two) per 4 outputs of a token: lane k
-// loads slot k's splits together, sums them in split order and scales by the slot's weight; the
-// group then adds its lanes with a fixed butterfly. Every load of a token is in flight at once,
-// so decode does not wait for top_k dependent round trips.
+// Two mappings of one computation. Few tokens: a group of G lanes (G = top_k rounded up to a power
+// of two) per 4 outputs of a token: lane k loads slot k's splits together, sums them in split
+// order and scales by the slot's weight; the group then adds its lanes with a fixed butterfly.
+// Every load of a token is in flight at once, so decode does not wait for top_k dependent round
+// trips. Many tokens: one thread per 4 outputs does the same for all G slots and adds them in the
+// butterfly's order (a pairwise tree over slot order), so both give the same bits with G times
+// fewer threads (at prefill the lane groups were bound by launching threads, not by memory).
 #include "kernels/combine.cuh"
 
 #include "k3moe/formats.h"
@@ -15,11 +18,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void __launch_bounds__(kThreads) combine_kernel(CombineArgs a, int group) {
-  ptx::griddepcontrol_wait();
-  ptx::griddepcontrol_launch_dependents();
-  const int token = blockIdx.x, k = threadIdx.x % group;
-  const int h = (blockIdx.y * (kThreads / group) + threadIdx.x / group) * 4;
+// Slot k's contribution to outputs h .. h + 3 of a token: w * (sum of its splits), or zeros.
+__device__ __forceinline__ float4 slot_term(const CombineArgs& a, int token, int k, int h) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   const int32_t row = k < a.top_k ? a.slot_row[int64_t(token) * a.top_k + k] : -1;
   if (row >= 0 && h < a.hidden) {
@@ -37,8 +37,24 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineArgs a, int gr
         v.w += part[s].w;
       }
     const float w = a.weights[int64_t(token) * a.top_k + k];
-    v = make_float4(w * v.x, w * v.y, w * v.z, w * v.w);
+    // NOTE: rounded products (no contraction into the adds that follow), in both mappings.
+    v = make_float4(__fmul_rn(w, v.x), __fmul_rn(w, v.y), __fmul_rn(w, v.z), __fmul_rn(w, v.w));
   }
+  return v;
+}
+
+__device__ __forceinline__ void store_outputs(const CombineArgs& a, int token, int h, float4 v) {
+  const uint2 packed{uint32_t(float_to_bf16_bits(v.x)) | (uint32_t(float_to_bf16_bits(v.y)) << 16),
+                     uint32_t(float_to_bf16_bits(v.z)) | (uint32_t(float_to_bf16_bits(v.w)) << 16)};
+  *reinterpret_cast<uint2*>(a.out + int64_t(token) * a.hidden + h) = packed;
+}
+
+__global__ void __launch_bounds__(kThreads) combine_lanes_kernel(CombineArgs a, int group) {
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+  const int token = blockIdx.x, k = threadIdx.x % group;
+  const int h = (blockIdx.y * (kThreads / group) + threadIdx.x / group) * 4;
+  float4 v = slot_term(a, token, k, h);
   // NOTE: lanes i and i ^ offset add the same two values, so every lane of the group ends with the
   // same, order-fixed sum.
   for (int offset = 1; offset < group; offset *= 2) {
@@ -47,11 +63,37 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(CombineArgs a, int gr
     v.z += __shfl_xor_sync(0xFFFFFFFFu, v.z, offset);
     v.w += __shfl_xor_sync(0xFFFFFFFFu, v.w, offset);
   }
-  if (k == 0 && h < a.hidden) {
-    const uint2 packed{uint32_t(float_to_bf16_bits(v.x)) | (uint32_t(float_to_bf16_bits(v.y)) << 16),
-                       uint32_t(float_to_bf16_bits(v.z)) | (uint32_t(float_to_bf16_bits(v.w)) << 16)};
-    *reinterpret_cast<uint2*>(a.out + int64_t(token) * a.hidden + h) = packed;
-  }
+  if (k == 0 && h < a.hidden) store_outputs(a, token, h, v);
+}
+
+template <int kGroup>
+__global__ void __launch_bounds__(kThreads) combine_outputs_kernel(CombineArgs a) {
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+  const int quads = a.hidden / 4;
+  const int64_t index = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (index >= int64_t(a.tokens) * quads) return;
+  const int token = int(index / quads), h = int(index % quads) * 4;
+  float4 t[kGroup];
+#pragma unroll
+  for (int k = 0; k < kGroup; ++k) t[k] = slot_term(a, token, k, h);
+#pragma unroll
+  for (int width = 1; width < kGroup; width *= 2)
+#pragma unroll
+    for (int k = 0; k < kGroup; k += 2 * width) {
+      t[k].x += t[k + width].x;
+      t[k].y += t[k + width].y;
+      t[k].z += t[k + width].z;
+      t[k].w += t[k + width].w;
+    }
+  store_outputs(a, token, h, t[0]);
+}
+
+template <int kGroup>
+void launch_outputs(const CombineArgs& a, cudaStream_t stream) {
+  const int64_t threads = int64_t(a.tokens) * (a.hidden / 4);
+  launch_dependent(combine_outputs_kernel<kGroup>, dim3(unsigned((threads + kThreads - 1) / kThreads)), kThreads, 0,
+                   stream, a);
 }
 
 }  // namespace
@@ -62,9 +104,21 @@ void launch_combine(const CombineArgs& args, cudaStream_t stream) {
               kMaxCombineSplits, ", got ", args.splits);
   int group = 1;
   while (group < args.top_k) group *= 2;
+  const bool by_output = args.mapping == CombineMapping::ThreadPerOutputs ||
+                         (args.mapping == CombineMapping::Auto && args.tokens >= kCombineThreadPerOutputsFrom);
+  if (by_output) {
+    switch (group) {
+      case 1: return launch_outputs<1>(args, stream);
+      case 2: return launch_outputs<2>(args, stream);
+      case 4: return launch_outputs<4>(args, stream);
+      case 8: return launch_outputs<8>(args, stream);
+      case 16: return launch_outputs<16>(args, stream);
+      default: break;  // larger top_k: the lane groups
+    }
+  }
   const int outputs_per_block = kThreads / group * 4;
   const dim3 grid(args.tokens, (args.hidden + outputs_per_block - 1) / outputs_per_block);
-  launch_dependent(combine_kernel, grid, kThreads, 0, stream, args, group);
+  launch_dependent(combine_lanes_kernel, grid, kThreads, 0, stream, args, group);
 }
 
 }  // namespace k3moe::kernels

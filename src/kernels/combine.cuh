@@ -11,6 +11,9 @@
 namespace k3moe::kernels {
 
 inline constexpr int kMaxCombineSplits = 8;  // GEMM2 K splits the combine sums
+// From this many tokens, one thread per 4 outputs (instead of a lane group): the same bits.
+inline constexpr int kCombineThreadPerOutputsFrom = 256;
+enum class CombineMapping { Auto, LaneGroups, ThreadPerOutputs };
 
 struct CombineArgs {
   const float* y = nullptr;           // [splits][rows, H]
@@ -20,6 +23,7 @@ struct CombineArgs {
   const float* weights = nullptr;     // [T, K]
   uint16_t* out = nullptr;            // [T, H] bf16
   int tokens = 0, top_k = 0, hidden = 0;
+  CombineMapping mapping = CombineMapping::Auto;  // a test forces either
 };
 
 void launch_combine(const CombineArgs& args, cudaStream_t stream);

@@ -40,9 +40,19 @@ __device__ __forceinline__ void scale_pairs(uint32_t (&pairs)[4], uint32_t multi
   pairs[3] = ptx::mul_bf16x2(pairs[3], hi);
 }
 
-// v rounded to the MXFP8 value of its group (E8M0 scale s): held exactly by a float.
+// v rounded to the MXFP8 value of its group (E8M0 scale s), held exactly by a float: the
+// hardware conversion to E4M3 (round to nearest even, saturating to +-448, NaN kept) gives the
+// codes of formats.h's float_to_e4m3 (tests/gpu/test_mxfp8_rounding.cu checks every case class),
+// and E4M3 widens exactly through f16.
 __device__ __forceinline__ float round_to_mxfp8(float v, uint8_t s) {
-  return e4m3_to_float(float_to_e4m3(scale_down_by_e8m0(v, s))) * e8m0_to_float(s);
+  const float scaled = scale_down_by_e8m0(v, s);
+  uint16_t code;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(code) : "f"(0.0f), "f"(scaled));
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(halves) : "h"(code));
+  float widened;
+  asm("cvt.f32.f16 %0, %1;\n" : "=f"(widened) : "h"(uint16_t(halves & 0xFFFFu)));
+  return widened * e8m0_to_float(s);
 }
 
 }  // namespace k3moe::kernels

@@ -1,5 +1,5 @@
-// Stage kernels against their host definitions, bit for bit: routing (route_reference) and MXFP8
-// quantization (quantize_mxfp8), on random and hostile inputs.
+// Stage kernels against their host definitions, bit for bit: routing (route_reference), MXFP8
+// quantization (quantize_mxfp8) and the combine's two thread mappings, on random and hostile inputs.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +10,7 @@
 #include "k3moe/formats.h"
 #include "k3moe/quantize.h"
 #include "k3moe/reference.h"
+#include "kernels/combine.cuh"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
 
@@ -112,6 +113,56 @@ TEST(QuantizeMxfp8Kernel, EqualsHostQuantizerBitwise) {
   K3MOE_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(codes.download<uint8_t>(), want.codes);
   EXPECT_EQ(scales.download<uint8_t>(), want.scales);
+}
+
+TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
+  K3MOE_REQUIRE_GPU();
+  const int T = 70, K = 16, H = 256, splits = 2, rows = T * K;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> y(size_t(splits) * rows * H), w(size_t(T) * K);
+  for (auto& v : y) v = normal(rng) * 1e3f;
+  for (auto& v : w) v = normal(rng);
+  std::vector<int32_t> slot_row(size_t(T) * K);
+  for (int i = 0; i < T * K; ++i) slot_row[i] = (i % 5 == 3) ? -1 : int32_t((i * 7919) % rows);  // remote slots
+  y[5] = NAN;  // one poisoned row element
+  DeviceTensor dy = DeviceTensor::from_host(y, {int64_t(y.size())}, kF32, 0);
+  DeviceTensor dw = DeviceTensor::from_host(w, {T, K}, kF32, 0);
+  DeviceTensor ds = DeviceTensor::from_host(slot_row, {T, K}, kI32, 0);
+  std::vector<std::vector<uint16_t>> outs;
+  for (auto mapping : {kernels::CombineMapping::LaneGroups, kernels::CombineMapping::ThreadPerOutputs}) {
+    DeviceTensor out({T, H}, kBf16, 0);
+    kernels::CombineArgs a;
+    a.y = static_cast<const float*>(dy.data());
+    a.split_stride = int64_t(rows) * H;
+    a.splits = splits;
+    a.slot_row = static_cast<const int32_t*>(ds.data());
+    a.weights = static_cast<const float*>(dw.data());
+    a.out = static_cast<uint16_t*>(out.data());
+    a.tokens = T;
+    a.top_k = K;
+    a.hidden = H;
+    a.mapping = mapping;
+    kernels::launch_combine(a, nullptr);
+    K3MOE_CUDA_CHECK(cudaDeviceSynchronize());
+    outs.push_back(out.download<uint16_t>());
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  // And a token by hand: the slots' split sums, weighted, added as a pairwise tree in slot order.
+  for (int token : {0, 41}) {
+    for (int h : {0, 5, 255}) {
+      float t[K];
+      for (int k = 0; k < K; ++k) {
+        const int32_t row = slot_row[size_t(token) * K + k];
+        t[k] = row < 0 ? 0.0f : w[size_t(token) * K + k] * (y[size_t(row) * H + h] + y[size_t(rows + row) * H + h]);
+      }
+      for (int width = 1; width < K; width *= 2)
+        for (int k = 0; k < K; k += 2 * width) t[k] += t[k + width];
+      const uint16_t want = float_to_bf16_bits(t[0]), got = outs[1][size_t(token) * H + h];
+      EXPECT_TRUE(want == got || (std::isnan(t[0]) && std::isnan(bf16_bits_to_float(got))))
+          << "token " << token << ", output " << h << ": host " << t[0] << ", kernel " << bf16_bits_to_float(got);
+    }
+  }
 }
 
 }  // namespace
