@@ -88,6 +88,7 @@ struct Options {
   bool no_baseline = false;
   std::vector<int> splits;  // {both} or {GEMM1, GEMM2}; 0: the heuristic's
   int tile = 0;             // 0: the heuristic's
+  std::string kernel = "auto";
   bool explain = false;
 };
 
@@ -101,6 +102,7 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
     options.gemm2_splits = o.splits.back();
   }
   options.token_tile = o.tile;
+  options.gemm_kernel = o.kernel == "wgmma" ? GemmKernel::Wgmma : o.kernel == "mmasync" ? GemmKernel::MmaSync : GemmKernel::Auto;
   MoePlan plan = MoePlan::create(options);
   if (o.explain) std::printf("  %s T=%d %.*s: %s\n", shape.name.c_str(), c.tokens, int(to_string(c.mode).size()), to_string(c.mode).data(),
                              plan.describe(c.tokens).c_str());
@@ -311,8 +313,10 @@ void register_bench(CLI::App& app) {
       ->delimiter(',')
       ->expected(1, 2)
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--tile", o->tile, "Force the expert GEMMs' token tile: 8, 16, 32 (mma.sync) or 128 (wgmma); 0: the heuristic's")
-      ->check(CLI::IsMember({0, 8, 16, 32, 128}));
+  cmd->add_option("--tile", o->tile, "Force the expert GEMMs' token tile: 8, 16, 32 (mma.sync) or 32, 64, 96, 128 (wgmma); 0: the heuristic's")
+      ->check(CLI::IsMember({0, 8, 16, 32, 64, 96, 128}));
+  cmd->add_option("--kernel", o->kernel, "Force the expert GEMMs' kernel: auto, mmasync or wgmma")
+      ->check(CLI::IsMember({"auto", "mmasync", "wgmma"}));
   cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");
   cmd->callback([o] { bench(*o); });
 }

@@ -78,6 +78,8 @@ class DeviceExperts {
   std::unique_ptr<Impl> impl_;
 };
 
+enum class GemmKernel { Auto, MmaSync, Wgmma };
+
 struct PlanOptions {
   MoeConfig config;
   int max_tokens = 4096;
@@ -91,8 +93,10 @@ struct PlanOptions {
   // (GEMM2).
   int gemm1_splits = 0;
   int gemm2_splits = 0;
-  // Token tile of the expert GEMMs: 0 (the heuristic's), 8, 16 or 32 (mma.sync kernels) or 128
-  // (the wgmma kernel, which keeps K whole: the split overrides do not apply to it).
+  // The expert GEMMs' kernel and token tile (Auto / 0: the heuristic's). mma.sync takes tiles of
+  // 8, 16 or 32 tokens; wgmma 32, 64, 96 or 128 and keeps K whole (the split overrides do not
+  // apply to it). A tile alone picks the kernel that has it (32: mma.sync).
+  GemmKernel gemm_kernel = GemmKernel::Auto;
   int token_tile = 0;
 };
 

@@ -421,8 +421,8 @@ void launch_tile(TokenTile tile, int warps, const ExpertGemmArgs& a, const GemmO
     case TokenTile::T32:
       if (warps == 8) return launch<Tile32Wide, kEpi>(a, out, stream);
       return launch<Tile32, kEpi>(a, out, stream);
-    case TokenTile::T128:
-      return launch_expert_gemm_wgmma(a, out, kEpi != Epilogue::Rows, stream);
+    default:
+      return launch_expert_gemm_wgmma(a, out, tile_tokens(tile), kEpi != Epilogue::Rows, stream);
   }
 }
 
@@ -461,8 +461,8 @@ int gemm_ctas_per_sm(TokenTile tile) {
   switch (tile) {
     case TokenTile::T8: return Tile8::kMinBlocksPerSm;
     case TokenTile::T16: return Tile16::kMinBlocksPerSm;
-    case TokenTile::T128: return 1;
-    default: return Tile32::kMinBlocksPerSm;
+    case TokenTile::T32: return Tile32::kMinBlocksPerSm;
+    default: return 1;  // the wgmma kernels
   }
 }
 

@@ -12,9 +12,15 @@
 
 namespace k3moe::kernels {
 
-// Token-tile widths a launch can use: 8, 16 or 32 tokens per CTA (1, 2 or 4 mma.sync n-tiles), or
-// 128 (the wgmma kernel of expert_gemm_wgmma.cu, prefill; K whole).
-enum class TokenTile { T8 = 1, T16 = 2, T32 = 4, T128 = 16 };
+// Token tiles a launch can use: 8, 16 or 32 tokens per CTA on the mma.sync kernels (1, 2 or 4
+// n-tiles of 8), or 32, 64, 96 or 128 on the wgmma kernel (expert_gemm_wgmma.cu; K whole).
+enum class TokenTile { T8, T16, T32, Wg32, Wg64, Wg96, Wg128 };
+
+constexpr int tile_tokens(TokenTile t) {
+  constexpr int kTokens[] = {8, 16, 32, 32, 64, 96, 128};
+  return kTokens[int(t)];
+}
+constexpr bool tile_uses_wgmma(TokenTile t) { return t >= TokenTile::Wg32; }
 
 struct ExpertGemmArgs {
   const uint8_t* codes = nullptr;   // [E_local, N/16, K/64, 512]
@@ -52,9 +58,10 @@ void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, Toke
                          cudaStream_t stream);
 void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
                          cudaStream_t stream);
-// The wgmma kernels (TokenTile::T128), called by the two above.
+// The wgmma kernels (TokenTile::Wg*, `tokens` per tile), called by the two above.
 void configure_expert_gemm_wgmma_kernels();
-void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, cudaStream_t stream);
+void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out, int tokens, bool gemm1,
+                              cudaStream_t stream);
 // Resident CTAs per SM of a launch (the persistent grid is sm_count times this).
 int gemm_ctas_per_sm(TokenTile tile);
 

@@ -1,16 +1,17 @@
-// Grouped expert GEMMs for prefill: MXFP4 weights x bf16 activations on warpgroup MMA (wgmma
-// m64n128k16, fp32 accumulate), for token tiles of 128 rows of one expert.
+// Grouped expert GEMMs from a few dozen rows per expert up: MXFP4 weights x bf16 activations on
+// warpgroup MMA (wgmma m64nNk16, fp32 accumulate), for token tiles of N = 32, 64, 96 or 128 rows
+// of one expert.
 //
 // The weights stay the A side, as in the mma.sync kernel: wgmma takes A from registers in the
 // same per-warp fragment layout as mma.sync m16n8k16, so each lane widens the codes the layout
 // already stores in fragment order (expert_layout.cuh) and folds the E8M0 scale in with one bf16
-// multiply. The 128 token rows are the B side, read by the tensor cores from shared memory.
+// multiply. The N token rows are the B side, read by the tensor cores from shared memory.
 //
 // A CTA (one per SM, persistent) is a producer warpgroup and two consumer warpgroups. A unit is
 // one token tile x one row group (256 weight rows, the layout's contiguous run per chunk of 128
 // k); CTA b takes units b, b + grid, ... in order, the row groups of a token tile consecutive, so
 // the CTAs working at one time share a few token tiles and experts in L2. Per chunk, through a
-// 4-stage ring of full/empty mbarriers:
+// ring of full/empty mbarriers (4 to 8 stages, as many as shared memory holds for N):
 //   producer: thread 0 copies the chunk's weight codes and scales with two bulk copies; the 128
 //             threads gather the token rows' 256 bytes (GEMM1: by token id) with cp.async into
 //             the 128-byte-swizzled K-major layout wgmma reads, and arrive when they land;
@@ -18,6 +19,8 @@
 //             A fragments, issues two wgmmas and waits for the previous pair (so the A registers
 //             of one step are widened while the last step runs), releasing a stage once its last
 //             wgmma completed.
+// Small N streams weights (decode-like, more stages in flight); large N reuses each widened
+// fragment over more tokens (prefill).
 // Epilogues store from the accumulators, whose per-warp layout is mma.sync's (rows g and g + 8 of
 // each 16 are gate and up of one output, by the W13 row order):
 //   GEMM1: act(h_gate, h_up) as bf16 (A16) or MXFP8 (group amax over the 4 warps of an m64 tile);
@@ -37,28 +40,29 @@
 namespace k3moe::kernels {
 namespace {
 
+template <int kTokens_>
 struct WgTile {
-  static constexpr int kTokens = 128;  // the wgmma N
+  static constexpr int kTokens = kTokens_;  // the wgmma N
   static constexpr int kConsumers = 2;
   static constexpr int kMTiles = 2;  // m64 tiles per consumer warpgroup
   static constexpr int kRowsPerCta = 64 * kMTiles * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kChunkK = 128;
-  static constexpr int kStages = 4;
   static constexpr int kActHalfBytes = kTokens * 128;  // 64 k of every token row
   static constexpr int kActBytes = 2 * kActHalfBytes;
   static constexpr int kCodeBytes = layout::kGroupRowBlocks * layout::kChunkBlocks * layout::kBlockCodeBytes;
   static constexpr int kScaleBytes = layout::kGroupRowBlocks * layout::kChunkBlocks * layout::kBlockScaleBytes;
   static constexpr int kStageBytes = kActBytes + kCodeBytes + kScaleBytes;
+  static constexpr int kStages = (220 * 1024) / kStageBytes < 8 ? (220 * 1024) / kStageBytes : 8;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + the slack to align to 1024
   // 128 x 40 + 256 x 232 registers <= 64 K: the producer gives its registers to the consumers.
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
   static_assert(kRowsPerCta == layout::kGroupRowBlocks * layout::kBlockRows, "a unit is one row group");
   static_assert(kChunkK == layout::kChunkBlocks * layout::kBlockK, "a stage holds one chunk of the layout");
+  static_assert(kTokens % 32 == 0 && kTokens <= 128, "whole swizzle atoms, MX groups of 4 n-tiles, <= 1 row per producer thread");
   static_assert(kStageBytes % 1024 == 0, "the swizzle atoms of every stage stay 1024-byte aligned");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one SM");
-  static_assert(kTokens == 128, "one producer thread per token row");
+  static_assert(kStages >= 3 && kSmemBytes <= 227 * 1024, "shared memory budget of one SM");
 };
 
 // Where unit u's rows live: its token tile and its row group.
@@ -74,9 +78,9 @@ __device__ __forceinline__ WgUnit wg_unit(const ExpertGemmArgs& a, int u, int ro
 // The producer warpgroup: fills stage after stage with the chunks of this CTA's units.
 constexpr int kProducerBarrier = 3;  // named barriers 1, 2: the consumer warpgroups' epilogues
 
+template <class T>
 __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, uint64_t* full, uint64_t* empty,
                                         int64_t* s_rows, int num_units, int row_groups) {
-  using T = WgTile;
   const int tid = threadIdx.x % 128;
   const int chunks = a.K / T::kChunkK;
   const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
@@ -92,7 +96,8 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
     // The unit's token rows (element offsets of their first k; -1: past the tile), for the
     // coalesced copies below, after the last unit's copies have all been issued.
     ptx::named_barrier_sync(kProducerBarrier, 128);
-    s_rows[tid] = tid >= unit.tile.z ? -1 : (a.row_token ? a.row_token[unit.tile.y + tid] : unit.tile.y + tid) * int64_t(a.K);
+    if (tid < T::kTokens)
+      s_rows[tid] = tid >= unit.tile.z ? -1 : (a.row_token ? a.row_token[unit.tile.y + tid] : unit.tile.y + tid) * int64_t(a.K);
     ptx::named_barrier_sync(kProducerBarrier, 128);
     for (int c = 0; c < chunks; ++c, ++seq) {
       const int stage = seq % T::kStages;
@@ -112,7 +117,7 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
       uint8_t* dst = st + half * T::kActHalfBytes;
 #pragma unroll 4
       for (int i = 0; i < T::kTokens / 8; ++i) {
-        const int row = (tid / 32) * 32 + 2 * i + (tid % 32) / 16;
+        const int row = i * 8 + tid / 16;
         const int64_t offset = s_rows[row];
         ptx::cp_async_16(dst + row * 128 + (((piece % 8) ^ (row % 8)) * 16), offset < 0 ? a.act : src + offset,
                          offset < 0 ? 0 : 16);
@@ -123,13 +128,14 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
   ptx::cp_async_wait<0>();
 }
 
-using WgAccumulators = float[WgTile::kMTiles][64];
+template <class T>
+using WgAccumulators = float[T::kMTiles][T::kTokens / 2];
 
 // One chunk's wgmmas for consumer warpgroup `cwg`; `release` is the stage to hand back once the
 // wgmmas that read it have completed (-1: none), cleared when done.
+template <class T>
 __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int warp, int lane, bool first,
-                                              WgAccumulators& acc, int& release, uint64_t* empty) {
-  using T = WgTile;
+                                              WgAccumulators<T>& acc, int& release, uint64_t* empty) {
   const uint8_t* s_codes = st + T::kActBytes;
   const uint8_t* s_scales = s_codes + T::kCodeBytes;
 #pragma unroll
@@ -156,7 +162,7 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int wa
       const uint64_t desc = ptx::wgmma_desc_k_major_sw128(st + kb * T::kActHalfBytes + kk * 32);
       ptx::wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < T::kMTiles; ++i) ptx::wgmma_m64n128k16_bf16_rs(acc[i], afrag[i], desc, first && kb == 0 && kk == 0);
+      for (int i = 0; i < T::kMTiles; ++i) ptx::wgmma_bf16_rs<T::kTokens>(acc[i], afrag[i], desc, first && kb == 0 && kk == 0);
       ptx::wgmma_commit();
       ptx::wgmma_wait<1>();
       if (kb == 0 && kk == 0 && release >= 0) {  // the previous chunk's wgmmas are complete
@@ -167,11 +173,10 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int wa
   }
 }
 
-template <Epilogue kEpi>
+template <class T, Epilogue kEpi>
 __device__ __forceinline__ void store_wg_unit(const ExpertGemmArgs& a, const GemmOutput& out, const WgUnit& unit,
-                                              int cwg, int warp, int lane, WgAccumulators& acc,
+                                              int cwg, int warp, int lane, WgAccumulators<T>& acc,
                                               uint32_t (*s_amax)[32]) {
-  using T = WgTile;
   const int g = lane / 4, col0 = 2 * (lane % 4);
 #pragma unroll
   for (int i = 0; i < T::kMTiles; ++i) {
@@ -235,9 +240,8 @@ __device__ __forceinline__ void store_wg_unit(const ExpertGemmArgs& a, const Gem
   }
 }
 
-template <Epilogue kEpi>
-__global__ void __launch_bounds__(WgTile::kThreads, 1) expert_gemm_wgmma_kernel(ExpertGemmArgs a, GemmOutput out) {
-  using T = WgTile;
+template <class T, Epilogue kEpi>
+__global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(ExpertGemmArgs a, GemmOutput out) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   __shared__ __align__(8) uint64_t s_full[T::kStages], s_empty[T::kStages];
@@ -258,13 +262,13 @@ __global__ void __launch_bounds__(WgTile::kThreads, 1) expert_gemm_wgmma_kernel(
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
-    produce(a, smem, s_full, s_empty, s_rows, num_units, row_groups);
+    produce<T>(a, smem, s_full, s_empty, s_rows, num_units, row_groups);
     return;
   }
   ptx::setmaxnreg_inc<T::kConsumerRegs>();
   const int cwg = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int chunks = a.K / T::kChunkK;
-  WgAccumulators acc;
+  WgAccumulators<T> acc;
   int seq = 0, release = -1;
   for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
     const WgUnit unit = wg_unit(a, u, row_groups);
@@ -272,27 +276,49 @@ __global__ void __launch_bounds__(WgTile::kThreads, 1) expert_gemm_wgmma_kernel(
       const int stage = seq % T::kStages;
       ptx::mbarrier_wait_parity(&s_full[stage], (seq / T::kStages) & 1);
       ptx::fence_proxy_async_shared();  // the cp.async rows, seen by the tensor cores
-      consume_chunk(smem + stage * T::kStageBytes, cwg, warp, lane, c == 0, acc, release, s_empty);
+      consume_chunk<T>(smem + stage * T::kStageBytes, cwg, warp, lane, c == 0, acc, release, s_empty);
       release = stage;
     }
     ptx::wgmma_wait<0>();
     if (lane == 0) ptx::mbarrier_arrive(&s_empty[release]);
     release = -1;
-    store_wg_unit<kEpi>(a, out, unit, cwg, warp, lane, acc, s_amax[cwg]);
+    store_wg_unit<T, kEpi>(a, out, unit, cwg, warp, lane, acc, s_amax[cwg]);
   }
+}
+
+template <int kTokens>
+void configure_tile() {
+  using T = WgTile<kTokens>;
+  for (auto kernel : {expert_gemm_wgmma_kernel<T, Epilogue::Activation>, expert_gemm_wgmma_kernel<T, Epilogue::Rows>})
+    K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+}
+
+template <int kTokens>
+void launch_tile(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, cudaStream_t stream) {
+  using T = WgTile<kTokens>;
+  auto kernel = gemm1 ? expert_gemm_wgmma_kernel<T, Epilogue::Activation> : expert_gemm_wgmma_kernel<T, Epilogue::Rows>;
+  launch_dependent(kernel, args.sm_count, T::kThreads, T::kSmemBytes, stream, args, out);
 }
 
 }  // namespace
 
 void configure_expert_gemm_wgmma_kernels() {
-  for (auto kernel : {expert_gemm_wgmma_kernel<Epilogue::Activation>, expert_gemm_wgmma_kernel<Epilogue::Rows>})
-    K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, WgTile::kSmemBytes));
+  configure_tile<32>();
+  configure_tile<64>();
+  configure_tile<96>();
+  configure_tile<128>();
 }
 
-void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, cudaStream_t stream) {
+void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out, int tokens, bool gemm1,
+                              cudaStream_t stream) {
   K3MOE_CHECK(args.splits == 1, "the wgmma expert GEMMs keep K whole, got ", args.splits, " splits");
-  auto kernel = gemm1 ? expert_gemm_wgmma_kernel<Epilogue::Activation> : expert_gemm_wgmma_kernel<Epilogue::Rows>;
-  launch_dependent(kernel, args.sm_count, WgTile::kThreads, WgTile::kSmemBytes, stream, args, out);
+  switch (tokens) {
+    case 32: return launch_tile<32>(args, out, gemm1, stream);
+    case 64: return launch_tile<64>(args, out, gemm1, stream);
+    case 96: return launch_tile<96>(args, out, gemm1, stream);
+    case 128: return launch_tile<128>(args, out, gemm1, stream);
+    default: K3MOE_CHECK(false, "the wgmma expert GEMMs take tiles of 32, 64, 96 or 128 tokens, got ", tokens);
+  }
 }
 
 }  // namespace k3moe::kernels

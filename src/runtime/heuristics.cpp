@@ -39,26 +39,46 @@ int choose_splits(double units, int chunks, double ctas, int max_splits, double 
   return best;
 }
 
+// The tile of `tokens` on `kernel`, or an error naming what each kernel has.
+kernels::TokenTile tile_of(GemmKernel kernel, int tokens) {
+  using kernels::TokenTile;
+  if (kernel == GemmKernel::Wgmma) {
+    K3MOE_CHECK(tokens == 32 || tokens == 64 || tokens == 96 || tokens == 128,
+                "the wgmma kernel takes token tiles of 32, 64, 96 or 128, got ", tokens);
+    return tokens == 32 ? TokenTile::Wg32 : tokens == 64 ? TokenTile::Wg64 : tokens == 96 ? TokenTile::Wg96 : TokenTile::Wg128;
+  }
+  K3MOE_CHECK(tokens == 8 || tokens == 16 || tokens == 32 || (kernel == GemmKernel::Auto && (tokens == 64 || tokens == 96 || tokens == 128)),
+              "the mma.sync kernels take token tiles of 8, 16 or 32 (wgmma: 32, 64, 96, 128), got ", tokens);
+  if (tokens > 32) return tile_of(GemmKernel::Wgmma, tokens);
+  return tokens == 8 ? TokenTile::T8 : tokens == 16 ? TokenTile::T16 : TokenTile::T32;
+}
+
 }  // namespace
 
-KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, int sm_count, int forced_tile) {
+KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, int sm_count, GemmKernel forced_kernel,
+                            int forced_tile) {
+  using kernels::TokenTile;
   KernelChoice k;
   const double local = ep.num_local(c.num_experts);
   k.expected_rows_per_expert = double(tokens) * c.top_k / c.num_experts;
   k.expected_active_experts = local * (1.0 - std::pow(1.0 - double(c.top_k) / c.num_experts, tokens));
   const double rows = k.expected_rows_per_expert;
-  k.token_tile = rows <= 8.0    ? kernels::TokenTile::T8
-                 : rows <= 16.0 ? kernels::TokenTile::T16
-                 : rows < kWgmmaMinRows ? kernels::TokenTile::T32
-                                        : kernels::TokenTile::T128;
+  const int wgmma_tokens = rows <= 32.0 ? 32 : rows <= 64.0 ? 64 : rows <= 96.0 ? 96 : 128;
+  // GEMM2's units (fewer row groups than GEMM1's) against one CTA per SM.
+  const double wgmma_units = k.expected_active_experts * std::max(1.0, std::ceil(rows / wgmma_tokens)) *
+                             std::ceil(double(c.hidden) / kernels::kGemmRowsPerCta);
+  const bool wgmma = forced_kernel == GemmKernel::Wgmma ||
+                     (forced_kernel == GemmKernel::Auto && rows > 16.0 && wgmma_units >= sm_count);
   if (forced_tile != 0) {
-    K3MOE_CHECK(forced_tile == 8 || forced_tile == 16 || forced_tile == 32 || forced_tile == 128,
-                "token_tile must be 0, 8, 16, 32 or 128, got ", forced_tile);
-    k.token_tile = kernels::TokenTile(forced_tile / 8);
+    k.token_tile = tile_of(forced_kernel, forced_tile);
+  } else if (wgmma) {
+    k.token_tile = tile_of(GemmKernel::Wgmma, wgmma_tokens);
+  } else {
+    k.token_tile = rows <= 8.0 ? TokenTile::T8 : rows <= 16.0 ? TokenTile::T16 : TokenTile::T32;
   }
-  if (k.token_tile == kernels::TokenTile::T128) return k;  // K whole
+  if (kernels::tile_uses_wgmma(k.token_tile)) return k;  // K whole
   if (k.token_tile == kernels::TokenTile::T32 && rows >= 64.0) k.gemm_warps = 8;
-  const double tile_rows = 8.0 * int(k.token_tile);
+  const double tile_rows = kernels::tile_tokens(k.token_tile);
   const double tiles = k.expected_active_experts * std::max(1.0, std::ceil(rows / tile_rows));
   const double target = double(sm_count) * kernels::gemm_ctas_per_sm(k.token_tile);
   const int rows_per_cta = kernels::kGemmRowsPerCta;
@@ -76,17 +96,18 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
 
 std::string KernelChoice::describe() const {
   char buf[320];
-  if (token_tile == kernels::TokenTile::T128) {
+  if (kernels::tile_uses_wgmma(token_tile)) {
+    const int n = kernels::tile_tokens(token_tile);
     std::snprintf(buf, sizeof buf,
-                  "expert GEMMs: wgmma bf16 m64n128k16, persistent CTAs (1 producer + 2 consumer warpgroups) over units "
-                  "of 256 weight rows x 128 tokens, K whole (expected %.1f active experts, %.1f rows each)",
-                  expected_active_experts, expected_rows_per_expert);
+                  "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + 2 consumer warpgroups) over units "
+                  "of 256 weight rows x %d tokens, K whole (expected %.1f active experts, %.1f rows each)",
+                  n, n, expected_active_experts, expected_rows_per_expert);
     return buf;
   }
   std::snprintf(buf, sizeof buf,
                 "expert GEMMs: mma.sync bf16 m16n8k16, persistent CTAs of %d warps over units of 256 weight "
                 "rows x %d tokens; K split %d (GEMM1) and %d (GEMM2) (expected %.1f active experts, %.1f rows each)",
-                gemm_warps, 8 * int(token_tile), gemm1_splits, gemm2_splits, expected_active_experts, expected_rows_per_expert);
+                gemm_warps, kernels::tile_tokens(token_tile), gemm1_splits, gemm2_splits, expected_active_experts, expected_rows_per_expert);
   return buf;
 }
 

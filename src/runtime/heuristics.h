@@ -4,6 +4,7 @@
 #include <string>
 
 #include "k3moe/config.h"
+#include "k3moe/plan.h"
 #include "kernels/expert_gemm.cuh"
 
 namespace k3moe {
@@ -20,16 +21,14 @@ struct KernelChoice {
 };
 
 // Uniform routing puts T K / E rows on each expert and hits L (1 - (1 - K/E)^T) of a rank's L
-// experts. The token tile is the smallest of 8/16/32 that holds an expert's rows, so that decode
-// does not stream weights against empty tile columns and prefill reuses each weight fragment over
-// 32 tokens; from 64 rows per expert the 32-token CTAs run 8 warps (measured: local28 T = 128
-// 636 us against 704 with 4; T = 32 263 against 250). K is split into ranges when that balances the units of work (token tile x 256 weight
-// rows x K range) over the resident CTAs better (a few experts at decode): then every SM streams
-// weights to the end (the cost model: heuristics.cpp).
-// `forced_tile` (8, 16, 32, 128; 0: choose) fixes the token tile; the rest is chosen for it.
-// From kWgmmaMinRows rows per expert on, the 128-token wgmma kernel runs both GEMMs (K whole).
-KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count, int forced_tile = 0);
-
-inline constexpr double kWgmmaMinRows = 64.0;
+// experts. The token tile is the smallest that holds an expert's rows, so that weights are not
+// streamed against empty tile columns: up to 16 rows the mma.sync kernels (8 or 16 tokens), which
+// split K so that a few experts still keep every SM streaming; above, the wgmma kernel with 32, 64,
+// 96 or 128 tokens (K whole), as long as its units (token tile x 256 weight rows) fill the SMs
+// once, else mma.sync's 32-token tiles with K split (8 warps from 64 rows: measured local28
+// T = 128 636 us against 704 with 4). The split cost model: heuristics.cpp. `forced_kernel` and
+// `forced_tile` (PlanOptions) fix either; the rest is chosen for them.
+KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count,
+                            GemmKernel forced_kernel = GemmKernel::Auto, int forced_tile = 0);
 
 }  // namespace k3moe

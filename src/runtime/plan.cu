@@ -23,8 +23,8 @@ namespace {
 
 // The heuristic's choice with the options' overrides applied.
 KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, int sm_count) {
-  KernelChoice k = choose_kernels(o.config, o.ep, int(tokens), sm_count, o.token_tile);
-  if (k.token_tile == kernels::TokenTile::T128) return k;
+  KernelChoice k = choose_kernels(o.config, o.ep, int(tokens), sm_count, o.gemm_kernel, o.token_tile);
+  if (kernels::tile_uses_wgmma(k.token_tile)) return k;
   const int chunks1 = o.config.hidden / kernels::kGemmChunkK, chunks2 = o.config.intermediate / kernels::kGemmChunkK;
   if (o.gemm1_splits > 0) k.gemm1_splits = std::min({o.gemm1_splits, chunks1, kernels::kMaxActivationSplits});
   if (o.gemm2_splits > 0) k.gemm2_splits = std::min({o.gemm2_splits, chunks2, kernels::kMaxCombineSplits});
@@ -66,7 +66,7 @@ struct Workspace {
     take(w->expert_offset, (local + 1) * 4);
     take(w->row_token, T * K * 4);
     take(w->slot_row, T * K * 4);
-    take(w->tile_info, kernels::max_tiles(T * K, int(local), 8 * int(choice.token_tile)) * 16);
+    take(w->tile_info, kernels::max_tiles(T * K, int(local), kernels::tile_tokens(choice.token_tile)) * 16);
     take(w->num_tiles, 4);
     take(w->unit_counters, 2 * 4);
     take(w->h, choice.gemm1_splits > 1 ? choice.gemm1_splits * T * K * 2 * I * 4 : 0);
@@ -110,9 +110,7 @@ MoePlan MoePlan::create(const PlanOptions& o) {
   K3MOE_CHECK(o.max_tokens >= 0, "max_tokens must be >= 0, got ", o.max_tokens);
   K3MOE_CHECK(o.gemm1_splits >= 0 && o.gemm2_splits >= 0, "gemm splits must be >= 0 (0: automatic), got ",
               o.gemm1_splits, " and ", o.gemm2_splits);
-  K3MOE_CHECK(o.token_tile == 0 || o.token_tile == 8 || o.token_tile == 16 || o.token_tile == 32 ||
-                  o.token_tile == 128,
-              "token_tile must be 0 (automatic), 8, 16, 32 or 128, got ", o.token_tile);
+  if (o.token_tile != 0) choose_kernels(o.config, o.ep, 1, 1, o.gemm_kernel, o.token_tile);  // a clear error if unknown
   K3MOE_CHECK(c.hidden % kernels::kGemmKMultiple == 0 && c.intermediate % kernels::kGemmKMultiple == 0,
               "the expert GEMMs need H and I to be multiples of ", kernels::kGemmKMultiple, ", got H = ", c.hidden,
               ", I = ", c.intermediate);
@@ -211,7 +209,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
 
   const KernelChoice choice = kernel_choice(o, T, p.sm_count);
   kernels::launch_permute({ids, int(T), int(K), p.first_expert, p.num_local, ws.expert_offset, ws.row_token,
-                           ws.slot_row, 8 * int(choice.token_tile), ws.tile_info, ws.num_tiles,
+                           ws.slot_row, kernels::tile_tokens(choice.token_tile), ws.tile_info, ws.num_tiles,
                            ws.unit_counters},
                           stream);
 

@@ -293,23 +293,39 @@ std::vector<Case> matrix(bool quick) {
     cases.push_back(c);
   };
   const MoeConfig reduced = reduced_config();
-  // NOTE: from T = 256 the reduced shape has >= 64 rows per expert: the wgmma kernels.
-  const std::vector<int> all_tokens = quick ? std::vector<int>{0, 1, 17, 129, 257}
+  const std::vector<int> all_tokens = quick ? std::vector<int>{0, 1, 17, 129}
                                             : std::vector<int>{0, 1, 2, 3, 8, 17, 32, 127, 128, 129, 1024, 4097};
   for (Mode mode : modes)
     for (Activation act : activations)
       for (int T : all_tokens) add("reduced", reduced, {1, 0}, mode, act, T, RoutingKind::Logits);
+  // The wgmma kernels, forced: the reduced shape's 16 experts do not fill the SMs with their units,
+  // so the heuristic keeps it on mma.sync. T / 4 rows per expert: tiles of 32, 64 and 128 tokens,
+  // partial and several per expert; H = 384 gives GEMM2 a partial row group.
+  for (Mode mode : modes)
+    for (Activation act : activations)
+      for (int T : quick ? std::vector<int>{257} : std::vector<int>{33, 129, 257, 1024, 4097}) {
+        add("reduced", reduced, {1, 0}, mode, act, T, RoutingKind::Logits);
+        cases.back().kernel = GemmKernel::Wgmma;
+      }
 
   const RoutingKind kinds[] = {RoutingKind::Skewed, RoutingKind::OneExpert, RoutingKind::Duplicate, RoutingKind::EmptyExperts,
                            RoutingKind::MinusOne, RoutingKind::Garbage};
   const std::vector<int> kind_tokens = quick ? std::vector<int>{129} : std::vector<int>{17, 129, 1024};
   for (Mode mode : modes)
-    for (RoutingKind kind : kinds)
+    for (RoutingKind kind : kinds) {
       for (int T : kind_tokens) add("reduced", reduced, {1, 0}, mode, Activation::Situ, T, kind);
+      if (!quick) {
+        add("reduced", reduced, {1, 0}, mode, Activation::Situ, 1024, kind);
+        cases.back().kernel = GemmKernel::Wgmma;
+      }
+    }
 
-  for (Mode mode : modes)
+  for (Mode mode : modes) {
     for (int T : quick ? std::vector<int>{129} : std::vector<int>{1, 129})
       add("reduced", reduced, {2, 0}, mode, Activation::Situ, T, RoutingKind::Logits, Poison::None, true);
+    add("reduced", reduced, {2, 0}, mode, Activation::Situ, 257, RoutingKind::Logits, Poison::None, true);
+    cases.back().kernel = GemmKernel::Wgmma;
+  }
   // K split into 3 (GEMM1) and 2 (GEMM2) ranges: partial rows, the activation stage, split sums.
   for (Mode mode : modes)
     for (Activation act : activations)
@@ -327,8 +343,10 @@ std::vector<Case> matrix(bool quick) {
 
   for (Mode mode : modes)
     for (Poison poison : {Poison::NanX, Poison::InfX, Poison::NanWeightScale, Poison::ExtremeScales})
-      for (int T : quick ? std::vector<int>{33} : std::vector<int>{33, 300})
+      for (int T : quick ? std::vector<int>{33} : std::vector<int>{33, 300}) {
         add("reduced", reduced, {1, 0}, mode, Activation::Situ, T, RoutingKind::Skewed, poison);
+        if (T == 300) cases.back().kernel = GemmKernel::Wgmma;
+      }
 
   for (Mode mode : modes)
     for (int T : quick ? std::vector<int>{1} : std::vector<int>{1, 128})
@@ -360,6 +378,7 @@ Result run(const Case& c) {
 
   PlanOptions options{c.config, std::max(1, c.tokens), c.mode, c.activation, c.config.activation_params, c.ep, 0};
   options.gemm1_splits = options.gemm2_splits = c.splits;
+  options.gemm_kernel = c.kernel;
   MoePlan plan = MoePlan::create(options);
   Stream stream;
   DeviceInputs d(c, in);
@@ -466,7 +485,8 @@ std::string header_line() {
 std::string result_line(const Result& r) {
   const Case& c = r.spec;
   char ep[24], buf[512];
-  std::snprintf(ep, sizeof ep, "%d/%d%s", c.ep.rank, c.ep.size, c.splits ? " ks" : "");
+  std::snprintf(ep, sizeof ep, "%d/%d%s", c.ep.rank, c.ep.size,
+                c.splits ? " ks" : c.kernel == GemmKernel::Wgmma ? " wg" : "");
   std::snprintf(buf, sizeof buf, "%-11s %-6s %-10s %5d %-13s %-8s %-10s %4d %10.2e %10.7f %10.2e %10.7f %5s %5s  %s%s",
                 c.shape.c_str(), std::string(to_string(c.mode)).c_str(), std::string(to_string(c.activation)).c_str(),
                 c.tokens, routing_name(c.routing).c_str(), ep, poison_name(c.poison).c_str(), r.experts_hit,
@@ -494,6 +514,7 @@ std::string results_json(const std::vector<Result>& results, const std::string& 
                     {"ep_rank", c.ep.rank},
                     {"poison", poison_name(c.poison)},
                     {"forced_splits", c.splits},
+                    {"forced_kernel", c.kernel == GemmKernel::Wgmma ? "wgmma" : "auto"},
                     {"experts_hit", r.experts_hit},
                     {"rel_l2_vs_emulate", r.vs_emulate.rel_l2},
                     {"cosine_vs_emulate", r.vs_emulate.cosine},

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "k3moe/config.h"
+#include "k3moe/plan.h"
 #include "k3moe/reference.h"
 
 namespace k3moe::validation {
@@ -39,6 +40,7 @@ struct Case {
   Poison poison = Poison::None;
   bool ep_sum_check = false;  // also run every rank of ep.size: their outputs must sum to rank-1's
   int splits = 0;             // > 0: force this K split on both GEMMs (PlanOptions::gemm*_splits)
+  GemmKernel kernel = GemmKernel::Auto;  // Wgmma: force the wgmma kernel (its tile by the rows)
   uint64_t seed = 1;
 };
 

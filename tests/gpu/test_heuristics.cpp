@@ -45,23 +45,42 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(one.gemm_warps, 4);
   EXPECT_EQ(one.gemm1_splits, 1);
   EXPECT_GE(one.gemm2_splits * 16 * 14, 2 * 396);
-  // Prefill: the wgmma kernel, K whole.
+  // Prefill: the wgmma kernel, K whole, with the smallest tile that holds an expert's rows.
   const KernelChoice big = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132);
-  EXPECT_EQ(big.token_tile, kernels::TokenTile::T128);
+  EXPECT_EQ(big.token_tile, kernels::TokenTile::Wg128);
   EXPECT_EQ(big.gemm1_splits, 1);
   EXPECT_EQ(big.gemm2_splits, 1);
-  // Between: 32-token mma.sync tiles, 8 warps from 64 rows per expert when forced there.
-  const KernelChoice mid = choose_kernels(c, ExpertParallel{1, 0}, 64, 132);
-  EXPECT_EQ(mid.token_tile, kernels::TokenTile::T32);
-  const KernelChoice forced = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, 32);
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 128, 132).token_tile, kernels::TokenTile::Wg96);  // 73 rows
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, 132).token_tile, kernels::TokenTile::Wg64);   // 37 rows
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 32, 132).token_tile, kernels::TokenTile::Wg32);   // 18 rows
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 16, 132).token_tile, kernels::TokenTile::T16);    // 9 rows
+  // Forced: a tile alone picks the kernel that has it; the rest follows.
+  const KernelChoice forced = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::Auto, 32);
   EXPECT_EQ(forced.token_tile, kernels::TokenTile::T32);
   EXPECT_EQ(forced.gemm_warps, 8);
   EXPECT_EQ(forced.gemm1_splits, 1);
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::Wgmma, 32).token_tile,
+            kernels::TokenTile::Wg32);
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::MmaSync).token_tile, kernels::TokenTile::T32);
+}
+
+TEST(Heuristics, FewExpertsStayOnTheSplittingKernel) {
+  // EP32 rank, T = 1024: 18 rows on each of 28 experts fill the SMs with wgmma units; the same
+  // rows on 2 experts (a reduced rank) would not, and go to mma.sync with K split.
+  MoeConfig c = MoeConfig::kimi_k3();
+  EXPECT_TRUE(kernels::tile_uses_wgmma(choose_kernels(c, ExpertParallel{32, 0}, 1024, 132).token_tile));
+  MoeConfig few = c;
+  few.num_experts = 64;
+  const KernelChoice k = choose_kernels(few, ExpertParallel{32, 0}, 72, 132);  // 2 local experts, 18 rows each
+  EXPECT_EQ(k.token_tile, kernels::TokenTile::T32);
+  EXPECT_GT(k.gemm1_splits * k.gemm2_splits, 1);
 }
 
 TEST(Heuristics, ForcedTileMustBeOneTheKernelsHave) {
   MoeConfig c = MoeConfig::kimi_k3();
-  EXPECT_THROW(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, 64), Error);
+  EXPECT_THROW(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::Auto, 48), Error);
+  EXPECT_THROW(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::MmaSync, 64), Error);
+  EXPECT_THROW(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::Wgmma, 16), Error);
 }
 
 }  // namespace
