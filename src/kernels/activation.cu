@@ -1,15 +1,15 @@
 // One thread per (row, output j); a warp holds 32 consecutive outputs of a row, one MX group, so
 // the group's amax is a warp reduction. The splits' partial sums are loaded together, then added
 // in split order.
-#include "kernels/fast_activation.cuh"
-#include "kernels/mxfp4_fragments.cuh"
 #include "kernels/activation.cuh"
 
 #include <algorithm>
 
 #include "k3moe/activation.h"
 #include "k3moe/formats.h"
+#include "kernels/fast_activation.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/mxfp4_fragments.cuh"
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 

@@ -26,7 +26,8 @@ __device__ __forceinline__ float4 slot_term(const CombineArgs& a, int token, int
     float4 part[kMaxCombineSplits];
 #pragma unroll
     for (int s = 0; s < kMaxCombineSplits; ++s)
-      if (s < a.splits) part[s] = *reinterpret_cast<const float4*>(a.y + s * a.split_stride + int64_t(row) * a.hidden + h);
+      if (s < a.splits)
+        part[s] = *reinterpret_cast<const float4*>(a.y + s * a.split_stride + int64_t(row) * a.hidden + h);
     v = part[0];
 #pragma unroll
     for (int s = 1; s < kMaxCombineSplits; ++s)

@@ -15,7 +15,6 @@
 //          rounded to bf16 (A16) or to MXFP8 with the group amax taken over 32 outputs (one warp,
 //          or a warp pair) (Mxfp8; the dequantized value is stored as bf16, which holds it exactly);
 //   GEMM2 (and GEMM1 with K split): fp32 rows of the unit's split.
-#include "kernels/fast_activation.cuh"
 #include "kernels/expert_gemm.cuh"
 
 #include <algorithm>
@@ -23,8 +22,9 @@
 #include "k3moe/activation.h"
 #include "k3moe/formats.h"
 #include "kernels/expert_layout.cuh"
-#include "kernels/mxfp4_fragments.cuh"
+#include "kernels/fast_activation.cuh"
 #include "kernels/launch.cuh"
+#include "kernels/mxfp4_fragments.cuh"
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 

@@ -29,9 +29,9 @@
 
 #include "k3moe/activation.h"
 #include "k3moe/formats.h"
-#include "kernels/fast_activation.cuh"
 #include "kernels/expert_gemm.cuh"
 #include "kernels/expert_layout.cuh"
+#include "kernels/fast_activation.cuh"
 #include "kernels/launch.cuh"
 #include "kernels/mxfp4_fragments.cuh"
 #include "kernels/sm90/ptx.cuh"
@@ -60,7 +60,8 @@ struct WgTile {
 
   static_assert(kRowsPerCta == layout::kGroupRowBlocks * layout::kBlockRows, "a unit is one row group");
   static_assert(kChunkK == layout::kChunkBlocks * layout::kBlockK, "a stage holds one chunk of the layout");
-  static_assert(kTokens % 32 == 0 && kTokens <= 128, "whole swizzle atoms, MX groups of 4 n-tiles, <= 1 row per producer thread");
+  static_assert(kTokens % 32 == 0 && kTokens <= 128,
+                "whole swizzle atoms, MX groups of 4 n-tiles, at most one row per producer thread");
   static_assert(kStageBytes % 1024 == 0, "the swizzle atoms of every stage stay 1024-byte aligned");
   static_assert(kStages >= 3 && kSmemBytes <= 227 * 1024, "shared memory budget of one SM");
 };
@@ -97,7 +98,9 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
     // coalesced copies below, after the last unit's copies have all been issued.
     ptx::named_barrier_sync(kProducerBarrier, 128);
     if (tid < T::kTokens)
-      s_rows[tid] = tid >= unit.tile.z ? -1 : (a.row_token ? a.row_token[unit.tile.y + tid] : unit.tile.y + tid) * int64_t(a.K);
+      s_rows[tid] = tid >= unit.tile.z
+                        ? -1
+                        : (a.row_token ? a.row_token[unit.tile.y + tid] : unit.tile.y + tid) * int64_t(a.K);
     ptx::named_barrier_sync(kProducerBarrier, 128);
     for (int c = 0; c < chunks; ++c, ++seq) {
       const int stage = seq % T::kStages;
@@ -162,7 +165,8 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int wa
       const uint64_t desc = ptx::wgmma_desc_k_major_sw128(st + kb * T::kActHalfBytes + kk * 32);
       ptx::wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < T::kMTiles; ++i) ptx::wgmma_bf16_rs<T::kTokens>(acc[i], afrag[i], desc, first && kb == 0 && kk == 0);
+      for (int i = 0; i < T::kMTiles; ++i)
+        ptx::wgmma_bf16_rs<T::kTokens>(acc[i], afrag[i], desc, first && kb == 0 && kk == 0);
       ptx::wgmma_commit();
       ptx::wgmma_wait<1>();
       if (kb == 0 && kk == 0 && release >= 0) {  // the previous chunk's wgmmas are complete
@@ -194,7 +198,7 @@ __device__ __forceinline__ void store_wg_unit(const ExpertGemmArgs& a, const Gem
 #pragma unroll
           for (int h = 0; h < 2; ++h)
             v[q][h] = fast_activation(out.activation, out.params, acc[i][4 * (q0 + q) + h],
-                                              acc[i][4 * (q0 + q) + 2 + h]);
+                                      acc[i][4 * (q0 + q) + 2 + h]);
         if (out.mode == Mode::Mxfp8) {
           // One MX group = 32 outputs of a token = this m64 tile's 8 outputs x 4 warps.
           ptx::named_barrier_sync(1 + cwg, 128);  // the last readers of s_amax are done
@@ -249,7 +253,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   __shared__ int64_t s_rows[T::kTokens];
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
-      ptx::mbarrier_init(&s_full[s], 1 + 128);      // the bulk copies' arrival + 128 cp.async threads
+      ptx::mbarrier_init(&s_full[s], 1 + 128);  // the bulk copies' arrival + 128 cp.async threads
       ptx::mbarrier_init(&s_empty[s], 4 * T::kConsumers);  // one per consumer warp
     }
     ptx::fence_mbarrier_init();

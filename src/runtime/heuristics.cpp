@@ -45,9 +45,13 @@ kernels::TokenTile tile_of(GemmKernel kernel, int tokens) {
   if (kernel == GemmKernel::Wgmma) {
     K3MOE_CHECK(tokens == 32 || tokens == 64 || tokens == 96 || tokens == 128,
                 "the wgmma kernel takes token tiles of 32, 64, 96 or 128, got ", tokens);
-    return tokens == 32 ? TokenTile::Wg32 : tokens == 64 ? TokenTile::Wg64 : tokens == 96 ? TokenTile::Wg96 : TokenTile::Wg128;
+    return tokens == 32   ? TokenTile::Wg32
+           : tokens == 64 ? TokenTile::Wg64
+           : tokens == 96 ? TokenTile::Wg96
+                          : TokenTile::Wg128;
   }
-  K3MOE_CHECK(tokens == 8 || tokens == 16 || tokens == 32 || (kernel == GemmKernel::Auto && (tokens == 64 || tokens == 96 || tokens == 128)),
+  const bool wgmma_only = tokens == 64 || tokens == 96 || tokens == 128;
+  K3MOE_CHECK(tokens == 8 || tokens == 16 || tokens == 32 || (kernel == GemmKernel::Auto && wgmma_only),
               "the mma.sync kernels take token tiles of 8, 16 or 32 (wgmma: 32, 64, 96, 128), got ", tokens);
   if (tokens > 32) return tile_of(GemmKernel::Wgmma, tokens);
   return tokens == 8 ? TokenTile::T8 : tokens == 16 ? TokenTile::T16 : TokenTile::T32;
@@ -107,7 +111,8 @@ std::string KernelChoice::describe() const {
   std::snprintf(buf, sizeof buf,
                 "expert GEMMs: mma.sync bf16 m16n8k16, persistent CTAs of %d warps over units of 256 weight "
                 "rows x %d tokens; K split %d (GEMM1) and %d (GEMM2) (expected %.1f active experts, %.1f rows each)",
-                gemm_warps, kernels::tile_tokens(token_tile), gemm1_splits, gemm2_splits, expected_active_experts, expected_rows_per_expert);
+                gemm_warps, kernels::tile_tokens(token_tile), gemm1_splits, gemm2_splits, expected_active_experts,
+                expected_rows_per_expert);
   return buf;
 }
 

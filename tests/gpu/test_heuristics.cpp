@@ -61,7 +61,8 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(forced.gemm1_splits, 1);
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::Wgmma, 32).token_tile,
             kernels::TokenTile::Wg32);
-  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::MmaSync).token_tile, kernels::TokenTile::T32);
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::MmaSync).token_tile,
+            kernels::TokenTile::T32);
 }
 
 TEST(Heuristics, FewExpertsStayOnTheSplittingKernel) {
