@@ -154,13 +154,8 @@ __device__ __forceinline__ void compute_chunk(const uint8_t* stage, int warp, in
     uint4 code[T::kMTiles];
     uint32_t mult[T::kMTiles][2];
 #pragma unroll
-    for (int i = 0; i < T::kMTiles; ++i) {
-      const int block = (warp * T::kMTiles + i) * T::kChunkBlocks + kb;
-      code[i] = ptx::ld_shared_v4(s_codes + block * layout::kBlockCodeBytes + lane * 16);
-      const uint32_t sw = ptx::ld_shared_u32(s_scales + block * layout::kBlockScaleBytes + (lane / 4) * 4);
-      mult[i][0] = scale_multipliers(sw, 0);
-      mult[i][1] = scale_multipliers(sw, 1);
-    }
+    for (int i = 0; i < T::kMTiles; ++i)
+      load_block_fragments(s_codes, s_scales, (warp * T::kMTiles + i) * T::kChunkBlocks + kb, lane, code[i], mult[i]);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       uint32_t bfrag[T::kNT][2];
@@ -172,10 +167,8 @@ __device__ __forceinline__ void compute_chunk(const uint8_t* stage, int warp, in
       }
 #pragma unroll
       for (int i = 0; i < T::kMTiles; ++i) {
-        const uint32_t word = kk == 0 ? code[i].x : kk == 1 ? code[i].y : kk == 2 ? code[i].z : code[i].w;
         uint32_t afrag[4];
-        widen_codes(word, afrag);
-        scale_pairs(afrag, mult[i][kk / 2]);
+        widen_step(code[i], mult[i], kk, afrag);
 #pragma unroll
         for (int q = 0; q < T::kNT; ++q) ptx::mma_bf16_16816(acc[i][q], afrag, bfrag[q][0], bfrag[q][1]);
       }

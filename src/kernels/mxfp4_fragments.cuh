@@ -40,6 +40,24 @@ __device__ __forceinline__ void scale_pairs(uint32_t (&pairs)[4], uint32_t multi
   pairs[3] = ptx::mul_bf16x2(pairs[3], hi);
 }
 
+// One lane's fragments of weight block `block` (16 rows x 64 k) in a pipeline stage: its code
+// word per 16-k step (fragment order, expert_layout.cuh) and the bf16 multipliers of its two
+// k-groups (scale_multipliers).
+__device__ __forceinline__ void load_block_fragments(const uint8_t* s_codes, const uint8_t* s_scales, int block,
+                                                     int lane, uint4& code, uint32_t (&mult)[2]) {
+  code = ptx::ld_shared_v4(s_codes + block * layout::kBlockCodeBytes + lane * 16);
+  const uint32_t sw = ptx::ld_shared_u32(s_scales + block * layout::kBlockScaleBytes + (lane / 4) * 4);
+  mult[0] = scale_multipliers(sw, 0);
+  mult[1] = scale_multipliers(sw, 1);
+}
+
+// The A registers of 16-k step kk (0..3) of such a block: widened, scaled.
+__device__ __forceinline__ void widen_step(const uint4& code, const uint32_t (&mult)[2], int kk, uint32_t (&afrag)[4]) {
+  const uint32_t word = kk == 0 ? code.x : kk == 1 ? code.y : kk == 2 ? code.z : code.w;
+  widen_codes(word, afrag);
+  scale_pairs(afrag, mult[kk / 2]);
+}
+
 // v rounded to the MXFP8 value of its group (E8M0 scale s), held exactly by a float: the
 // hardware conversion to E4M3 (round to nearest even, saturating to +-448, NaN kept) gives the
 // codes of formats.h's float_to_e4m3 (tests/gpu/test_mxfp8_rounding.cu checks every case class),
