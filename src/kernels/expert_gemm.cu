@@ -415,7 +415,7 @@ void launch_tile(TokenTile tile, int warps, const ExpertGemmArgs& a, const GemmO
       if (warps == 8) return launch<Tile32Wide, kEpi>(a, out, stream);
       return launch<Tile32, kEpi>(a, out, stream);
     default:
-      return launch_expert_gemm_wgmma(a, out, tile_tokens(tile), kEpi != Epilogue::Rows, stream);
+      return launch_expert_gemm_wgmma(a, out, tile_tokens(tile), warps, kEpi != Epilogue::Rows, stream);
   }
 }
 

@@ -53,15 +53,16 @@ struct GemmOutput {
 
 // Raises the kernels' shared-memory limit on the current device; once per device, before launches.
 void configure_expert_gemm_kernels();
-// warps: 4, or 8 with TokenTile::T32 (the same CTA rows in 2 m-tiles per warp).
+// warps: mma.sync: 4, or 8 with TokenTile::T32 (the same CTA rows in 2 m-tiles per warp); wgmma:
+// the consumer warps, 8 (2 warpgroups x 2 m64 tiles) or 16 (4 x 1).
 void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
                          cudaStream_t stream);
 void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
                          cudaStream_t stream);
 // The wgmma kernels (TokenTile::Wg*, `tokens` per tile), called by the two above.
 void configure_expert_gemm_wgmma_kernels();
-void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out, int tokens, bool gemm1,
-                              cudaStream_t stream);
+void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out, int tokens, int consumer_warps,
+                              bool gemm1, cudaStream_t stream);
 // Resident CTAs per SM of a launch (the persistent grid is sm_count times this).
 int gemm_ctas_per_sm(TokenTile tile);
 

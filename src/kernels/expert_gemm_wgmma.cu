@@ -7,7 +7,7 @@
 // already stores in fragment order (expert_layout.cuh) and folds the E8M0 scale in with one bf16
 // multiply. The N token rows are the B side, read by the tensor cores from shared memory.
 //
-// A CTA (one per SM, persistent) is a producer warpgroup and two consumer warpgroups. A unit is
+// A CTA (one per SM, persistent) is a producer warpgroup and two or four consumer warpgroups. A unit is
 // one token tile x one row group (256 weight rows, the layout's contiguous run per chunk of 128
 // k); CTA b takes units b, b + grid, ... in order, the row groups of a token tile consecutive, so
 // the CTAs working at one time share a few token tiles and experts in L2. Per chunk, through a
@@ -15,10 +15,12 @@
 //   producer: thread 0 copies the chunk's weight codes and scales with two bulk copies; the 128
 //             threads gather the token rows' 256 bytes (GEMM1: by token id) with cp.async into
 //             the 128-byte-swizzled K-major layout wgmma reads, and arrive when they land;
-//   consumers: warpgroup c owns row blocks 8c .. 8c + 7 as two m64 tiles; per 16 k it widens its
-//             A fragments, issues two wgmmas and waits for the previous pair (so the A registers
-//             of one step are widened while the last step runs), releasing a stage once its last
-//             wgmma completed.
+//   consumers: with two warpgroups, warpgroup c owns row blocks 8c .. 8c + 7 as two m64 tiles
+//             (with four, row blocks 4c .. 4c + 3 as one); per 16 k it widens its A fragments,
+//             issues its wgmmas and waits for the previous step's (so the A registers of one step
+//             are widened while the last step runs), releasing a stage once its last wgmma
+//             completed. Four warpgroups of 104 registers run the MXFP8 epilogue faster (measured:
+//             bench/NOTES.md, Session 4); two of 232 run the bf16 epilogue faster.
 // Small N streams weights (decode-like, more stages in flight); large N reuses each widened
 // fragment over more tokens (prefill).
 // Epilogues store from the accumulators, whose per-warp layout is mma.sync's (rows g and g + 8 of
@@ -40,11 +42,11 @@
 namespace k3moe::kernels {
 namespace {
 
-template <int kTokens_>
+template <int kTokens_, int kConsumers_>
 struct WgTile {
   static constexpr int kTokens = kTokens_;  // the wgmma N
-  static constexpr int kConsumers = 2;
-  static constexpr int kMTiles = 2;  // m64 tiles per consumer warpgroup
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kMTiles = 4 / kConsumers;  // m64 tiles per consumer warpgroup
   static constexpr int kRowsPerCta = 64 * kMTiles * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kChunkK = 128;
@@ -55,8 +57,11 @@ struct WgTile {
   static constexpr int kStageBytes = kActBytes + kCodeBytes + kScaleBytes;
   static constexpr int kStages = (220 * 1024) / kStageBytes < 8 ? (220 * 1024) / kStageBytes : 8;
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + the slack to align to 1024
-  // 128 x 40 + 256 x 232 registers <= 64 K: the producer gives its registers to the consumers.
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  // The producer gives its registers to the consumers, within the CTA's allocation at launch
+  // (kThreads x the launch bound's 168 or 96): 128 x 40 + 128 kConsumers x kConsumerRegs <= it,
+  // or setmaxnreg.inc waits forever.
+  static constexpr int kProducerRegs = 40, kConsumerRegs = kConsumers == 2 ? 232 : 104;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8));
 
   static_assert(kRowsPerCta == layout::kGroupRowBlocks * layout::kBlockRows, "a unit is one row group");
   static_assert(kChunkK == layout::kChunkBlocks * layout::kBlockK, "a stage holds one chunk of the layout");
@@ -77,7 +82,7 @@ __device__ __forceinline__ WgUnit wg_unit(const ExpertGemmArgs& a, int u, int ro
 }
 
 // The producer warpgroup: fills stage after stage with the chunks of this CTA's units.
-constexpr int kProducerBarrier = 3;  // named barriers 1, 2: the consumer warpgroups' epilogues
+constexpr int kProducerBarrier = 5;  // named barriers 1 .. 4: the consumer warpgroups' epilogues
 
 template <class T>
 __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, uint64_t* full, uint64_t* empty,
@@ -147,7 +152,7 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int wa
     uint32_t mult[T::kMTiles][2];
 #pragma unroll
     for (int i = 0; i < T::kMTiles; ++i) {
-      const int block = (cwg * 8 + i * 4 + warp) * layout::kChunkBlocks + kb;
+      const int block = (cwg * 4 * T::kMTiles + i * 4 + warp) * layout::kChunkBlocks + kb;
       code[i] = ptx::ld_shared_v4(s_codes + block * layout::kBlockCodeBytes + lane * 16);
       const uint32_t sw = ptx::ld_shared_u32(s_scales + block * layout::kBlockScaleBytes + (lane / 4) * 4);
       mult[i][0] = scale_multipliers(sw, 0);
@@ -184,7 +189,7 @@ __device__ __forceinline__ void store_wg_unit(const ExpertGemmArgs& a, const Gem
   const int g = lane / 4, col0 = 2 * (lane % 4);
 #pragma unroll
   for (int i = 0; i < T::kMTiles; ++i) {
-    const int row_block = unit.group * layout::kGroupRowBlocks + cwg * 8 + i * 4 + warp;
+    const int row_block = unit.group * layout::kGroupRowBlocks + cwg * 4 * T::kMTiles + i * 4 + warp;
     if constexpr (kEpi == Epilogue::Activation) {
       // NOTE: by 4 n8 tiles (32 tokens) at a time, with the outputs out of the accumulators
       // (writing them in place would serialize the wgmmas), to stay in the registers.
@@ -290,37 +295,52 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   }
 }
 
-template <int kTokens>
+template <int kTokens, int kConsumers>
 void configure_tile() {
-  using T = WgTile<kTokens>;
+  using T = WgTile<kTokens, kConsumers>;
   for (auto kernel : {expert_gemm_wgmma_kernel<T, Epilogue::Activation>, expert_gemm_wgmma_kernel<T, Epilogue::Rows>})
     K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
 }
 
 template <int kTokens>
+void configure_tiles() {
+  configure_tile<kTokens, 2>();
+  configure_tile<kTokens, 4>();
+}
+
+template <int kTokens, int kConsumers>
 void launch_tile(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, cudaStream_t stream) {
-  using T = WgTile<kTokens>;
+  using T = WgTile<kTokens, kConsumers>;
   auto kernel = gemm1 ? expert_gemm_wgmma_kernel<T, Epilogue::Activation> : expert_gemm_wgmma_kernel<T, Epilogue::Rows>;
   launch_dependent(kernel, args.sm_count, T::kThreads, T::kSmemBytes, stream, args, out);
+}
+
+template <int kTokens>
+void launch_tiles(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, int consumers, cudaStream_t stream) {
+  if (consumers == 4) return launch_tile<kTokens, 4>(args, out, gemm1, stream);
+  return launch_tile<kTokens, 2>(args, out, gemm1, stream);
 }
 
 }  // namespace
 
 void configure_expert_gemm_wgmma_kernels() {
-  configure_tile<32>();
-  configure_tile<64>();
-  configure_tile<96>();
-  configure_tile<128>();
+  configure_tiles<32>();
+  configure_tiles<64>();
+  configure_tiles<96>();
+  configure_tiles<128>();
 }
 
-void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out, int tokens, bool gemm1,
-                              cudaStream_t stream) {
+void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out, int tokens, int consumer_warps,
+                              bool gemm1, cudaStream_t stream) {
   K3MOE_CHECK(args.splits == 1, "the wgmma expert GEMMs keep K whole, got ", args.splits, " splits");
+  K3MOE_CHECK(consumer_warps == 8 || consumer_warps == 16,
+              "the wgmma expert GEMMs run 8 or 16 consumer warps (2 or 4 warpgroups), got ", consumer_warps);
+  const int consumers = consumer_warps / 4;
   switch (tokens) {
-    case 32: return launch_tile<32>(args, out, gemm1, stream);
-    case 64: return launch_tile<64>(args, out, gemm1, stream);
-    case 96: return launch_tile<96>(args, out, gemm1, stream);
-    case 128: return launch_tile<128>(args, out, gemm1, stream);
+    case 32: return launch_tiles<32>(args, out, gemm1, consumers, stream);
+    case 64: return launch_tiles<64>(args, out, gemm1, consumers, stream);
+    case 96: return launch_tiles<96>(args, out, gemm1, consumers, stream);
+    case 128: return launch_tiles<128>(args, out, gemm1, consumers, stream);
     default: K3MOE_CHECK(false, "the wgmma expert GEMMs take tiles of 32, 64, 96 or 128 tokens, got ", tokens);
   }
 }

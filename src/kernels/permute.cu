@@ -16,20 +16,30 @@ namespace {
 
 constexpr int kSmallThreads = 128, kLargeThreads = 1024;
 constexpr int kSmallSlots = 4096;  // up to here 4 warps beat 32 (fewer barriers and prefix steps)
+static_assert(kPermuteMaxLocalExperts <= 32767, "local experts fit the small kernel's int16 copy");
 
-__device__ __forceinline__ int local_expert(const PermuteArgs& a, int64_t slot, int64_t end) {
-  if (slot >= end) return -1;
-  const int id = a.ids[slot];
+__device__ __forceinline__ int local_of(const PermuteArgs& a, int id) {
   return (id >= a.first_expert && id < a.first_expert + a.num_local) ? id - a.first_expert : -1;
+}
+
+// The local expert of a slot: from `staged` (the small kernel's copy of every slot's local expert,
+// loaded at once so the passes below do not wait on a global load per round) or from the ids.
+template <bool kStaged>
+__device__ __forceinline__ int local_expert(const PermuteArgs& a, const int16_t* staged, int64_t slot, int64_t end) {
+  if (slot >= end) return -1;
+  if constexpr (kStaged) return staged[slot];
+  return local_of(a, a.ids[slot]);
 }
 
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
   constexpr int kWarps = kThreads / 32;
   constexpr int kExpertsPerThread = kPermuteMaxLocalExperts / kThreads;
+  constexpr bool kStaged = kThreads == kSmallThreads;
   extern __shared__ int32_t next_row[];  // [kWarps][num_local]
   using Scan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int16_t s_local[kStaged ? kSmallSlots : 1];
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
 
@@ -38,11 +48,15 @@ __global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
   const int64_t per_warp = (slots + kWarps - 1) / kWarps;
   const int64_t begin = min(slots, warp * per_warp), end = min(slots, begin + per_warp);
   int32_t* my_rows = next_row + warp * a.num_local;
+  if constexpr (kStaged) {
+    for (int64_t i = threadIdx.x; i < slots; i += kThreads) s_local[i] = int16_t(local_of(a, a.ids[i]));
+    __syncthreads();
+  }
 
   for (int e = lane; e < a.num_local; e += 32) my_rows[e] = 0;
   __syncwarp();
   for (int64_t base = begin; base < end; base += 32) {
-    const int le = local_expert(a, base + lane, end);
+    const int le = local_expert<kStaged>(a, s_local, base + lane, end);
     const uint32_t peers = __match_any_sync(0xFFFFFFFFu, le);
     if (le >= 0 && (peers & ptx::lanemask_lt()) == 0) my_rows[le] += __popc(peers);
     __syncwarp();
@@ -96,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
 
   for (int64_t base = begin; base < end; base += 32) {
     const int64_t slot = base + lane;
-    const int le = local_expert(a, slot, end);
+    const int le = local_expert<kStaged>(a, s_local, slot, end);
     const uint32_t peers = __match_any_sync(0xFFFFFFFFu, le);
     int32_t row = -1;
     if (le >= 0) row = my_rows[le] + __popc(peers & ptx::lanemask_lt());

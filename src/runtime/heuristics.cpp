@@ -60,7 +60,7 @@ kernels::TokenTile tile_of(GemmKernel kernel, int tokens) {
 }  // namespace
 
 KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, int sm_count, GemmKernel forced_kernel,
-                            int forced_tile) {
+                            int forced_tile, Mode mode) {
   using kernels::TokenTile;
   KernelChoice k;
   const double local = ep.num_local(c.num_experts);
@@ -80,7 +80,10 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   } else {
     k.token_tile = rows <= 8.0 ? TokenTile::T8 : rows <= 16.0 ? TokenTile::T16 : TokenTile::T32;
   }
-  if (kernels::tile_uses_wgmma(k.token_tile)) return k;  // K whole
+  if (kernels::tile_uses_wgmma(k.token_tile)) {  // K whole
+    k.gemm_warps = mode == Mode::Mxfp8 ? 16 : 8;
+    return k;
+  }
   if (k.token_tile == kernels::TokenTile::T32 && rows >= 64.0) k.gemm_warps = 8;
   const double tile_rows = kernels::tile_tokens(k.token_tile);
   const double tiles = k.expected_active_experts * std::max(1.0, std::ceil(rows / tile_rows));
@@ -103,9 +106,9 @@ std::string KernelChoice::describe() const {
   if (kernels::tile_uses_wgmma(token_tile)) {
     const int n = kernels::tile_tokens(token_tile);
     std::snprintf(buf, sizeof buf,
-                  "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + 2 consumer warpgroups) over units "
+                  "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + %d consumer warpgroups) over units "
                   "of 256 weight rows x %d tokens, K whole (expected %.1f active experts, %.1f rows each)",
-                  n, n, expected_active_experts, expected_rows_per_expert);
+                  n, gemm_warps / 4, n, expected_active_experts, expected_rows_per_expert);
     return buf;
   }
   std::snprintf(buf, sizeof buf,

@@ -11,7 +11,9 @@ namespace k3moe {
 
 struct KernelChoice {
   kernels::TokenTile token_tile = kernels::TokenTile::T8;
-  int gemm_warps = 4;    // 8: 32-token tiles at prefill, 2 m-tiles per warp
+  // mma.sync: warps per CTA (8: 32-token tiles at prefill, 2 m-tiles per warp); wgmma: consumer
+  // warps (8 or 16, see choose_kernels).
+  int gemm_warps = 4;
   int gemm1_splits = 1;  // K ranges of GEMM1 (> 1: partial rows + the activation stage)
   int gemm2_splits = 1;  // K ranges of GEMM2 (summed by the combine)
   double expected_active_experts = 0.0;
@@ -26,9 +28,12 @@ struct KernelChoice {
 // split K so that a few experts still keep every SM streaming; above, the wgmma kernel with 32, 64,
 // 96 or 128 tokens (K whole), as long as its units (token tile x 256 weight rows) fill the SMs
 // once, else mma.sync's 32-token tiles with K split (8 warps from 64 rows: measured local28
-// T = 128 636 us against 704 with 4). The split cost model: heuristics.cpp. `forced_kernel` and
+// T = 128 636 us against 704 with 4). The wgmma kernel runs 2 consumer warpgroups of 2 m64 tiles
+// in `A16` mode and 4 of 1 in `Mxfp8` mode, whose GEMM1 epilogue (group amax, E4M3 rounding) needs
+// the registers (measured local28 T = 4096 mxfp8 11.78 -> 9.90 ms; a16 equal at 4096 and up to 6 %
+// slower at T = 32..128 with 4). The split cost model: heuristics.cpp. `forced_kernel` and
 // `forced_tile` (PlanOptions) fix either; the rest is chosen for them.
 KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count,
-                            GemmKernel forced_kernel = GemmKernel::Auto, int forced_tile = 0);
+                            GemmKernel forced_kernel = GemmKernel::Auto, int forced_tile = 0, Mode mode = Mode::A16);
 
 }  // namespace k3moe
