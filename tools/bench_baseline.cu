@@ -10,6 +10,7 @@
 #include "k3moe/activation.h"
 #include "k3moe/error.h"
 #include "k3moe/formats.h"
+#include "runtime/captured_graph.h"
 #include "runtime/cuda_check.h"
 #include "runtime/device_buffer.h"
 
@@ -78,8 +79,7 @@ struct BaselineForward::Impl {
     int tokens = 0, rows = 0;
     DeviceBuffer row_token, slot_row, weights, xg, h, act, y;
     std::vector<Gemm> gemm1, gemm2;
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
+    CapturedGraph graph;
     const uint16_t* x = nullptr;
     uint16_t* out = nullptr;
   };
@@ -168,8 +168,6 @@ BaselineForward::~BaselineForward() {
         cublasLtMatrixLayoutDestroy(g.b);
         cublasLtMatrixLayoutDestroy(g.d);
       }
-    if (s->exec) cudaGraphExecDestroy(s->exec);
-    if (s->graph) cudaGraphDestroy(s->graph);
   }
   if (impl_->op) cublasLtMatmulDescDestroy(impl_->op);
   if (impl_->lt) cublasLtDestroy(impl_->lt);
@@ -220,16 +218,13 @@ int BaselineForward::add_input_set(const uint16_t* x, const std::vector<int32_t>
     s->gemm2.push_back(p.make_gemm(w2, s->act.get<uint16_t>() + int64_t(first) * I, s->y.get<uint16_t>() + int64_t(first) * H,
                                    H, I, count));
   }
-  K3MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  p.enqueue(*s, stream);
-  K3MOE_CUDA_CHECK(cudaStreamEndCapture(stream, &s->graph));
-  K3MOE_CUDA_CHECK(cudaGraphInstantiate(&s->exec, s->graph, 0));
+  s->graph = CapturedGraph(stream, [&] { p.enqueue(*s, stream); });
   p.sets.push_back(std::move(s));
   return int(p.sets.size()) - 1;
 }
 
 void BaselineForward::launch(int set, cudaStream_t stream) {
-  K3MOE_CUDA_CHECK(cudaGraphLaunch(impl_->sets.at(set)->exec, stream));
+  impl_->sets.at(set)->graph.launch(stream);
 }
 
 }  // namespace k3moe::cli

@@ -27,6 +27,7 @@
 #include "k3moe/plan.h"
 #include "k3moe/reference.h"
 #include "k3moe/synthetic.h"
+#include "runtime/captured_graph.h"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
 
@@ -111,7 +112,7 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
 
   struct Set {
     DeviceTensor x, logits, bias, ids, weights, out, out_baseline;
-    cudaGraphExec_t with_ids = nullptr, with_logits = nullptr;
+    CapturedGraph with_ids, with_logits;
   };
   std::vector<std::unique_ptr<Set>> sets;
   std::mt19937_64 rng(c.tokens * 131 + int(c.mode));
@@ -121,14 +122,7 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   std::unique_ptr<BaselineForward> baseline;
   if (with_baseline) baseline = std::make_unique<BaselineForward>(host, cfg.activation, cfg.activation_params);
   auto capture = [&](const ForwardArgs& args) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    K3MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    plan.forward(experts, args, stream);
-    K3MOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    K3MOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaGraphDestroy(graph);
-    return exec;
+    return CapturedGraph(stream, [&] { plan.forward(experts, args, stream); });
   };
   for (int s = 0; s < kInputSets; ++s) {
     auto set = std::make_unique<Set>();
@@ -172,10 +166,10 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   }
 
   const Timing t_ids = time_ms(stream, 5, kRepeats, [&](int i) {
-    K3MOE_CUDA_CHECK(cudaGraphLaunch(sets[i % kInputSets]->with_ids, stream));
+    sets[i % kInputSets]->with_ids.launch(stream);
   });
   const Timing t_logits = time_ms(stream, 5, kRepeats, [&](int i) {
-    K3MOE_CUDA_CHECK(cudaGraphLaunch(sets[i % kInputSets]->with_logits, stream));
+    sets[i % kInputSets]->with_logits.launch(stream);
   });
   row.us_ids = 1000.0 * t_ids.median_ms;
   row.us_logits = 1000.0 * t_logits.median_ms;
@@ -200,10 +194,6 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   row.floor_us = std::max(row.bytes / (ceil.copy_tb_s * 1e12), row.flops / (matrix_tflops * 1e12)) * 1e6;
   row.floor_ratio = row.floor_us / row.us_ids;
 
-  for (auto& s : sets) {
-    cudaGraphExecDestroy(s->with_ids);
-    cudaGraphExecDestroy(s->with_logits);
-  }
   cudaStreamDestroy(stream);
   return row;
 }

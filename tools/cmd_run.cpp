@@ -17,6 +17,7 @@
 #include "k3moe/synthetic.h"
 #if K3MOE_WITH_CUDA
 #include "k3moe/plan.h"
+#include "runtime/captured_graph.h"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
 #endif
@@ -76,19 +77,14 @@ std::vector<double> gpu_forward(const RankExperts& experts, const MoeConfig& con
   out.fill_bytes(0xFF);
   plan.forward(device, args, stream);
   K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  K3MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  plan.forward(device, args, stream);
-  K3MOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  K3MOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph graph(stream, [&] { plan.forward(device, args, stream); });
   cudaEvent_t start, stop;
   K3MOE_CUDA_CHECK(cudaEventCreate(&start));
   K3MOE_CUDA_CHECK(cudaEventCreate(&stop));
   std::vector<float> times;
   for (int i = 0; i < 21; ++i) {
     K3MOE_CUDA_CHECK(cudaEventRecord(start, stream));
-    K3MOE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    graph.launch(stream);
     K3MOE_CUDA_CHECK(cudaEventRecord(stop, stream));
     K3MOE_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0.0f;
@@ -97,8 +93,6 @@ std::vector<double> gpu_forward(const RankExperts& experts, const MoeConfig& con
   }
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   *median_us = 1000.0 * times[times.size() / 2];
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaStreamDestroy(stream);

@@ -18,6 +18,7 @@
 #include "k3moe/formats.h"
 #include "k3moe/plan.h"
 #include "k3moe/synthetic.h"
+#include "runtime/captured_graph.h"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
 
@@ -224,15 +225,6 @@ Comparison compare_outputs(const std::vector<double>& actual, const std::vector<
   return cmp;
 }
 
-struct GraphRun {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  ~GraphRun() {
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-  }
-};
-
 class Stream {
  public:
   Stream() { K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
@@ -410,14 +402,10 @@ Result run(const Case& c) {
 
   if (c.tokens > 0) {
     // Capture once, replay on the same data, then on new data written into the same buffers.
-    GraphRun g;
-    K3MOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    plan.forward(experts->device, d.args(from_logits), stream);
-    K3MOE_CUDA_CHECK(cudaStreamEndCapture(stream, &g.graph));
-    K3MOE_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+    const CapturedGraph g(stream, [&] { plan.forward(experts->device, d.args(from_logits), stream); });
     auto replay = [&] {
       d.out.fill_bytes(0xFF);
-      K3MOE_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+      g.launch(stream);
       K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
       return d.out.download<uint16_t>();
     };
