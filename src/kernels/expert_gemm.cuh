@@ -37,12 +37,6 @@ struct ExpertGemmArgs {
   int K = 0;
   int splits = 1;  // K ranges; 1 <= splits <= K / 128
   int sm_count = 0;
-  // The wgmma kernels only (nullptr: none): GEMM1 adds 1 to tile_done[tile] when a unit of that
-  // token tile is stored; GEMM2 starts a tile's units once tile_done[tile] reaches
-  // tile_done_target (GEMM1's row groups), instead of waiting for all of GEMM1 to finish. Zeroed by
-  // the permutation.
-  int* tile_done = nullptr;
-  int tile_done_target = 0;
 };
 
 struct GemmOutput {

@@ -82,12 +82,11 @@ __device__ __forceinline__ WgUnit wg_unit(const ExpertGemmArgs& a, int u, int ro
 }
 
 // The producer warpgroup: fills stage after stage with the chunks of this CTA's units.
-// Named barriers: 1 .. 4 the consumer warpgroups' epilogues, 5 the producer, 6 all consumers.
-constexpr int kProducerBarrier = 5, kConsumersBarrier = 6;
+constexpr int kProducerBarrier = 5;  // named barriers 1 .. 4: the consumer warpgroups' epilogues
 
 template <class T>
 __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, uint64_t* full, uint64_t* empty,
-                                        int64_t* s_rows, int num_units, int row_groups, bool wait_for_tiles) {
+                                        int64_t* s_rows, int num_units, int row_groups) {
   const int tid = threadIdx.x % 128;
   const int chunks = a.K / T::kChunkK;
   const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
@@ -117,13 +116,6 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
         ptx::cp_async_bulk_g2s(st + T::kActBytes, code_src + int64_t(c) * code_bytes, code_bytes, &full[stage]);
         ptx::cp_async_bulk_g2s(st + T::kActBytes + T::kCodeBytes, scale_src + int64_t(c) * scale_bytes, scale_bytes,
                                &full[stage]);
-      }
-      if (c == 0 && wait_for_tiles) {
-        // GEMM2: the tile's rows are GEMM1's output; wait until every GEMM1 unit of the tile is
-        // stored (thread 0 acquires, the barrier orders the other threads' copies after it).
-        if (tid == 0)
-          while (ptx::ld_acquire_gpu(&a.tile_done[u / row_groups]) < a.tile_done_target) __nanosleep(64);
-        ptx::named_barrier_sync(kProducerBarrier, 128);
       }
       // Each warp instruction copies the chunk's 256 bytes of two rows (full lines). Piece p of a
       // row (16 bytes) goes to k-half p / 8, 16-byte slot (p % 8) ^ (row % 8) of the row's 128
@@ -272,17 +264,14 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
-  // GEMM2 with tile_done does not wait for GEMM1 to finish: the schedule (the permutation's) is
-  // complete before GEMM1 lets it start, and the producer waits for each token tile's rows.
-  const bool gemm2_by_tile = kEpi == Epilogue::Rows && a.tile_done != nullptr;
-  if (!gemm2_by_tile) ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   const int row_groups = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
   const int num_units = *a.num_tiles * row_groups;
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
-    produce<T>(a, smem, s_full, s_empty, s_rows, num_units, row_groups, gemm2_by_tile);
+    produce<T>(a, smem, s_full, s_empty, s_rows, num_units, row_groups);
     return;
   }
   ptx::setmaxnreg_inc<T::kConsumerRegs>();
@@ -303,12 +292,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
     if (lane == 0) ptx::mbarrier_arrive(&s_empty[release]);
     release = -1;
     store_wg_unit<T, kEpi>(a, out, unit, cwg, warp, lane, acc, s_amax[cwg]);
-    if (kEpi == Epilogue::Activation && a.tile_done != nullptr) {
-      // Publish the unit: every consumer's stores, then one count for the token tile.
-      __threadfence();
-      ptx::named_barrier_sync(kConsumersBarrier, 128 * T::kConsumers);
-      if (threadIdx.x == 128) atomicAdd(&a.tile_done[u / row_groups], 1);
-    }
   }
 }
 

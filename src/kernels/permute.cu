@@ -106,8 +106,6 @@ __global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
     *a.num_tiles = all_tiles;
     a.unit_counters[0] = a.unit_counters[1] = 0;
   }
-  if (a.tile_done != nullptr)
-    for (int t = threadIdx.x; t < all_tiles; t += kThreads) a.tile_done[t] = 0;
   __syncthreads();
 
   for (int64_t base = begin; base < end; base += 32) {

@@ -26,7 +26,6 @@ struct PermuteArgs {
   int4* tile_info = nullptr;   // [max_tiles(T K, num_local, tile_rows)]
   int32_t* num_tiles = nullptr;  // [1]
   int* unit_counters = nullptr;  // [2] the GEMMs' unit counters, zeroed here
-  int32_t* tile_done = nullptr;  // [max_tiles] or nullptr: per token tile, zeroed here (ExpertGemmArgs)
 };
 
 // The most token tiles T K rows can make: each expert's last tile may be partial.

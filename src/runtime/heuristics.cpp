@@ -102,13 +102,12 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
 }
 
 std::string KernelChoice::describe() const {
-  char buf[384];
+  char buf[320];
   if (kernels::tile_uses_wgmma(token_tile)) {
     const int n = kernels::tile_tokens(token_tile);
     std::snprintf(buf, sizeof buf,
                   "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + %d consumer warpgroups) over units "
-                  "of 256 weight rows x %d tokens, K whole; GEMM2 takes a token tile once GEMM1 stored it (expected %.1f "
-                  "active experts, %.1f rows each)",
+                  "of 256 weight rows x %d tokens, K whole (expected %.1f active experts, %.1f rows each)",
                   n, gemm_warps / 4, n, expected_active_experts, expected_rows_per_expert);
     return buf;
   }

@@ -44,7 +44,6 @@ struct Workspace {
   int4* tile_info = nullptr;        // the GEMMs' schedule: [max_tiles] token tiles
   int32_t* num_tiles = nullptr;     // [1]
   int* unit_counters = nullptr;     // [2] GEMM1, GEMM2
-  int32_t* tile_done = nullptr;     // [max_tiles] GEMM1 units stored per token tile (wgmma)
   float* h = nullptr;               // [splits1][T K, 2I] fp32, when GEMM1 splits K
   uint16_t* inter = nullptr;        // [T K, I] bf16
   float* y = nullptr;               // [splits2][T K, H] fp32
@@ -70,7 +69,6 @@ struct Workspace {
     take(w->tile_info, kernels::max_tiles(T * K, int(local), kernels::tile_tokens(choice.token_tile)) * 16);
     take(w->num_tiles, 4);
     take(w->unit_counters, 2 * 4);
-    take(w->tile_done, kernels::max_tiles(T * K, int(local), kernels::tile_tokens(choice.token_tile)) * 4);
     take(w->h, choice.gemm1_splits > 1 ? choice.gemm1_splits * T * K * 2 * I * 4 : 0);
     take(w->inter, T * K * I * 2);
     take(w->y, choice.gemm2_splits * T * K * H * 4);
@@ -210,20 +208,14 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   }
 
   const KernelChoice choice = kernel_choice(o, T, p.sm_count);
-  // The wgmma GEMM2 takes each token tile as soon as GEMM1 has stored it (expert_gemm.cuh).
-  const bool by_tile = kernels::tile_uses_wgmma(choice.token_tile);
   kernels::launch_permute({ids, int(T), int(K), p.first_expert, p.num_local, ws.expert_offset, ws.row_token,
                            ws.slot_row, kernels::tile_tokens(choice.token_tile), ws.tile_info, ws.num_tiles,
-                           ws.unit_counters, by_tile ? ws.tile_done : nullptr},
+                           ws.unit_counters},
                           stream);
 
   const int64_t rows = T * K;  // capacity of the row buffers
   kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token, ws.tile_info, ws.num_tiles,
                              ws.unit_counters, p.num_local, 2 * c.intermediate, c.hidden, choice.gemm1_splits, p.sm_count};
-  if (by_tile) {
-    g1.tile_done = ws.tile_done;
-    g1.tile_done_target = (2 * c.intermediate + kernels::kGemmRowsPerCta - 1) / kernels::kGemmRowsPerCta;
-  }
   kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
   kernels::launch_expert_gemm1(g1, out1, choice.token_tile, choice.gemm_warps, stream);
   if (choice.gemm1_splits > 1) {

@@ -80,14 +80,6 @@ __device__ __forceinline__ void griddepcontrol_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
-// A load that later loads of this thread (and of threads it then synchronizes with) cannot pass:
-// the reading side of a flag another grid publishes with __threadfence and an atomic.
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 }  // namespace k3moe::ptx
 
 namespace k3moe::ptx {
