@@ -211,6 +211,24 @@ TEST(E4M3, MatchesBruteForceOnEveryFloatNearEachCode) {
   EXPECT_EQ(wrong, 0);
 }
 
+// The fact an fp8 expert kernel would fold the weight's group scale on: E2M1 x 2^d is exact in
+// E4M3 for every code exactly when d is in [-8, 6] (bench/NOTES.md, Session 4: the fp8 path).
+TEST(E4M3, HoldsEveryE2M1ValueTimesTwoToTheDExactlyForDFromMinus8To6) {
+  std::vector<int> exact_d;
+  for (int d = -20; d <= 20; ++d) {
+    bool all = true;
+    for (uint8_t c = 0; c < 16; ++c) {
+      const double v = std::ldexp(double(e2m1_to_float(c)), d);
+      all = all && double(e4m3_to_float(float_to_e4m3(float(v)))) == v;
+    }
+    if (all) exact_d.push_back(d);
+  }
+  ASSERT_FALSE(exact_d.empty());
+  EXPECT_EQ(exact_d.front(), -8);
+  EXPECT_EQ(exact_d.back(), 6);
+  EXPECT_EQ(int(exact_d.size()), 15) << "a contiguous range";
+}
+
 // ------------------------------------------------------------------------------------ E8M0
 
 TEST(E8M0, DecodesEveryCodeByDefinition) {
