@@ -286,9 +286,12 @@ std::string MoePlan::describe(int tokens) const {
   out << "mode " << to_string(o.mode) << ", activation " << to_string(o.activation) << ", EP rank " << o.ep.rank
       << "/" << o.ep.size << " (" << impl_->num_local << " local experts from " << impl_->first_expert << ")\n"
       << "routing: one warp per token, top-" << o.config.top_k << " of " << o.config.num_experts << "\n"
+      << (o.mode == Mode::Mxfp8 ? "MXFP8 quantization of x: once per token, before the permutation\n" : "")
       << "permutation: one CTA, deterministic (t, k) order\n"
       << kernel_choice(o, tokens, impl_->sm_count).describe() << "\n"
-      << "combine: one CTA per token, fp32 in slot order\n"
+      << "combine: "
+      << (tokens >= kernels::kCombineThreadPerOutputsFrom ? "one thread per 4 outputs" : "a lane group per 4 outputs")
+      << ", fp32, a fixed pairwise order over the slots\n"
       << "workspace: " << workspace_bytes() << " bytes for " << o.max_tokens << " tokens";
   return out.str();
 }
