@@ -1,0 +1,81 @@
+// The code layout an fp8 (E4M3) expert GEMM will read: MXFP4 weights placed so that each lane
+// widens its wgmma m64nNk32 A registers to E4M3 with the group's E8M0 scale folded in, exactly.
+// No kernel reads it yet (bench/NOTES.md, Session 4: the fp8 path); it is specified and tested
+// here so that the kernel and the upload can be written against it.
+//
+// Blocks, row groups and chunks are those of expert_layout.cuh (16 rows x 64 k, 512 code bytes,
+// 16 per lane, block_index); only the bits inside a lane's 16 bytes differ. The E4M3 A fragment
+// of a warp (mma.m16n8k32's for 8-bit types) gives lane t (g = t/4, j = t%4), per 32-k step:
+//   r0 = row g,     k 4j .. 4j+3;   r1 = row g + 8, k 4j .. 4j+3;
+//   r2 = row g,     k 16+4j .. +3;  r3 = row g + 8, k 16+4j .. +3   (byte i = k + i).
+// Word 2s + h of the lane (32-k step s of the block, h = 0: r0 and r1, h = 1: r2 and r3) holds
+// two registers' codes: byte i of the low register (r0 / r2) as magnitude bits (m, e0, e1) at
+// 4i .. 4i+2 and its sign at 8i + 7; of the high register (r1 / r3) the magnitude at 16 + 4i ..
+// 16 + 4i + 2 and the sign at 8i + 3. The magnitude bits are the E2M1 code's low three bits, so
+// they select byte `code & 7` of a table of E4M3 magnitudes (PRMT), and the signs land on
+// 0x80808080 as stored (low register) or shifted left by 4 (high register).
+//
+// The table of a row and MX group holds the E4M3 codes of the eight E2M1 magnitudes times 2^d,
+// d = the group's scale exponent minus a base the kernel applies in fp32 with the token's scale.
+// Every such product is exact in E4M3 for d in [kFoldMin, kFoldMax] (tests/formats: E4M3 holds
+// E2M1 x 2^d exactly for d in [-8, 6]); outside, the weights cannot take this path.
+#pragma once
+
+#include <cstdint>
+
+#include "k3moe/formats.h"
+#include "kernels/expert_layout.cuh"
+
+namespace k3moe::layout_fp8 {
+
+inline constexpr int kFoldMin = -8, kFoldMax = 6;
+inline constexpr uint32_t kMagnitudeMask = 0x7777u;  // PRMT selectors: bit 3 of each must be 0
+inline constexpr uint32_t kSignMask = 0x80808080u;
+
+// Where element (n, k)'s code bits (0 = m, 1 = e0, 2 = e1, 3 = sign) are stored.
+K3MOE_HD constexpr layout::CodeBits code_bits(int n, int k, int N, int K) {
+  const int64_t block = layout::block_index(n / layout::kBlockRows, k / layout::kBlockK, N, K);
+  const int r = n % layout::kBlockRows, c = k % layout::kBlockK;
+  const int step = c / 32, cc = c % 32;
+  const int lane = (r % 8) * 4 + (cc % 16) / 4, byte = cc % 4, h = cc / 16;
+  const bool high = r >= 8;  // r1 / r3
+  layout::CodeBits out{block * layout::kBlockCodeBytes + lane * 16 + (2 * step + h) * 4, {0, 0, 0, 0}};
+  for (int j = 0; j < 3; ++j) out.bit[j] = (high ? 16 : 0) + 4 * byte + j;
+  out.bit[3] = 8 * byte + (high ? 3 : 7);
+  return out;
+}
+
+// Byte i: the E4M3 code of E2M1 magnitude i (0, 0.5, 1, 1.5, 2, 3, 4, 6) times 2^d; exact for d in
+// [kFoldMin, kFoldMax].
+K3MOE_HD constexpr uint64_t magnitude_table(int d) {
+  uint64_t table = 0;
+  for (int i = 0; i < 8; ++i) {
+    float v = e2m1_to_float(uint8_t(i));
+    for (int s = 0; s < d; ++s) v *= 2.0f;
+    for (int s = 0; s > d; --s) v *= 0.5f;
+    table |= uint64_t(float_to_e4m3(v)) << (8 * i);
+  }
+  return table;
+}
+
+// Byte selection as PRMT does it in its default mode for selectors 0..7 (bit 3 clear).
+K3MOE_HD constexpr uint32_t select_bytes(uint64_t table, uint32_t selectors) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(uint32_t(table), uint32_t(table >> 32), selectors);
+#else
+  uint32_t out = 0;
+  for (int i = 0; i < 4; ++i) out |= uint32_t((table >> (8 * ((selectors >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return out;
+#endif
+}
+
+// The E4M3 A registers of a stored word: the low (r0 / r2) and the high (r1 / r3) register, with the
+// tables of their rows.
+K3MOE_HD constexpr uint32_t widen_low(uint32_t word, uint64_t table) {
+  return select_bytes(table, word & kMagnitudeMask) | (word & kSignMask);
+}
+K3MOE_HD constexpr uint32_t widen_high(uint32_t word, uint64_t table) {
+  return select_bytes(table, (word >> 16) & kMagnitudeMask) | ((word << 4) & kSignMask);
+}
+
+}  // namespace k3moe::layout_fp8
