@@ -21,7 +21,9 @@
 // E2M1 x 2^d exactly for d in [-8, 6]); outside, the weights cannot take this path.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "k3moe/formats.h"
 #include "kernels/expert_layout.cuh"
@@ -29,6 +31,8 @@
 namespace k3moe::layout_fp8 {
 
 inline constexpr int kFoldMin = -8, kFoldMax = 6;
+inline constexpr int kTables = kFoldMax - kFoldMin + 2;  // one per d, then the NaN group's
+inline constexpr uint8_t kNaNTable = kTables - 1;
 inline constexpr uint32_t kMagnitudeMask = 0x7777u;  // PRMT selectors: bit 3 of each must be 0
 inline constexpr uint32_t kSignMask = 0x80808080u;
 
@@ -58,6 +62,12 @@ K3MOE_HD constexpr uint64_t magnitude_table(int d) {
   return table;
 }
 
+// The table of index `t` (d = t + kFoldMin; kNaNTable: every byte the E4M3 NaN, so that the
+// group's weights are NaN like its E8M0 scale, whatever the codes).
+K3MOE_HD constexpr uint64_t table_of_index(int t) {
+  return t == kNaNTable ? 0x7F7F7F7F7F7F7F7Full : magnitude_table(t + kFoldMin);
+}
+
 // Byte selection as PRMT does it in its default mode for selectors 0..7 (bit 3 clear).
 K3MOE_HD constexpr uint32_t select_bytes(uint64_t table, uint32_t selectors) {
 #ifdef __CUDA_ARCH__
@@ -76,6 +86,58 @@ K3MOE_HD constexpr uint32_t widen_low(uint32_t word, uint64_t table) {
 }
 K3MOE_HD constexpr uint32_t widen_high(uint32_t word, uint64_t table) {
   return select_bytes(table, (word >> 16) & kMagnitudeMask) | ((word << 4) & kSignMask);
+}
+
+// One weight matrix [N, K] in this layout (host side, for the upload): the codes, per (row, MX
+// group) the index of its table at layout::scale_position, and the matrix's base exponent: weight
+// (n, k) = table value x 2^base exactly. `code(n, k)` gives the E2M1 code, `scale(n, group)` the
+// E8M0 byte, both in kernel row order. The base puts the largest scale of a group with a non-zero
+// code at d = kFoldMax; `foldable` is false when another such group then falls below kFoldMin
+// (more than 14 binades apart): those weights cannot take this path. All-zero groups take d = 0.
+struct Fp8Matrix {
+  std::vector<uint8_t> codes;
+  std::vector<uint8_t> tables;
+  int base = 0;
+  bool foldable = true;
+};
+
+template <class Code, class Scale>
+Fp8Matrix pack_matrix(int N, int K, Code code, Scale scale) {
+  Fp8Matrix m;
+  m.codes.assign(size_t(N) * K / 2, 0);
+  m.tables.assign(size_t(N) * K / 32, 0);
+  auto has_value = [&](int n, int group) {
+    for (int k = group * 32; k < group * 32 + 32; ++k)
+      if ((code(n, k) & 7) != 0) return true;
+    return false;
+  };
+  int top = -1000, bottom = 1000;  // unbiased exponents of the groups with a non-zero code
+  for (int n = 0; n < N; ++n)
+    for (int group = 0; group < K / 32; ++group) {
+      const uint8_t s = scale(n, group);
+      if (s == kE8M0NaN || !has_value(n, group)) continue;
+      top = std::max(top, int(s) - 127);
+      bottom = std::min(bottom, int(s) - 127);
+    }
+  m.base = top == -1000 ? 0 : top - kFoldMax;
+  m.foldable = top == -1000 || bottom - m.base >= kFoldMin;
+  for (int n = 0; n < N; ++n)
+    for (int group = 0; group < K / 32; ++group) {
+      const uint8_t s = scale(n, group);
+      const int d = int(s) - 127 - m.base;
+      uint8_t t = uint8_t(-kFoldMin);  // d = 0
+      if (s == kE8M0NaN) t = kNaNTable;
+      else if (has_value(n, group) && d >= kFoldMin && d <= kFoldMax) t = uint8_t(d - kFoldMin);
+      m.tables[layout::scale_position(n, group * 32, N, K)] = t;
+    }
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {
+      const layout::CodeBits p = code_bits(n, k, N, K);
+      const uint8_t c = code(n, k);
+      for (int j = 0; j < 4; ++j)
+        if (c >> j & 1) m.codes[size_t(p.word_byte) + p.bit[j] / 8] |= uint8_t(1u << (p.bit[j] % 8));
+    }
+  return m;
 }
 
 }  // namespace k3moe::layout_fp8

@@ -81,5 +81,52 @@ TEST(ExpertLayoutFp8, WideningGivesTheE4m3OfEveryCodeTimesItsRowsScale) {
     }
 }
 
+
+// Every weight of a packed matrix, as the kernel would widen it, times 2^base.
+double unpacked(const Fp8Matrix& m, int n, int k, int N, int K) {
+  const layout::CodeBits p = code_bits(n, k, N, K);
+  const uint8_t* b = m.codes.data() + p.word_byte;
+  const uint32_t word = uint32_t(b[0]) | uint32_t(b[1]) << 8 | uint32_t(b[2]) << 16 | uint32_t(b[3]) << 24;
+  const uint64_t table = table_of_index(m.tables[layout::scale_position(n, k, N, K)]);
+  const uint32_t reg = n % 16 < 8 ? widen_low(word, table) : widen_high(word, table);
+  return std::ldexp(double(e4m3_to_float(uint8_t(reg >> (8 * (k % 4))))), m.base);
+}
+
+TEST(ExpertLayoutFp8, PackedMatrixHoldsEveryWeightExactly) {
+  const int N = 64, K = 256;
+  std::mt19937 rng(3);
+  std::vector<uint8_t> codes(N * K), scales(N * K / 32);
+  for (auto& c : codes) c = uint8_t(rng() % 16);
+  for (auto& s : scales) s = uint8_t(120 + rng() % 15);  // 15 exponents, 14 apart: the widest fold
+  scales[5] = kE8M0NaN;
+  for (int k = 0; k < 32; ++k) codes[7 * K + k] = (k % 2) * 8;  // row 7, group 0: +-0 only...
+  scales[7 * (K / 32)] = 1;                                     // ...under a tiny scale: ignored
+  const Fp8Matrix m = pack_matrix(N, K, [&](int n, int k) { return codes[n * K + k]; },
+                                  [&](int n, int g) { return scales[n * (K / 32) + g]; });
+  EXPECT_TRUE(m.foldable);
+  EXPECT_EQ(m.base, 134 - 127 - kFoldMax);
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {
+      const uint8_t s = scales[n * (K / 32) + k / 32];
+      const double want = std::ldexp(double(e2m1_to_float(codes[n * K + k])), int(s) - 127);
+      const double got = unpacked(m, n, k, N, K);
+      if (s == kE8M0NaN) ASSERT_TRUE(std::isnan(got)) << n << " " << k;
+      else ASSERT_EQ(got, want) << "n " << n << " k " << k;
+    }
+}
+
+TEST(ExpertLayoutFp8, SixteenBinadesOfScalesDoNotFold) {
+  const int N = 16, K = 64;
+  std::vector<uint8_t> scales(N * K / 32, 127);
+  scales[0] = 127 + 15;
+  const Fp8Matrix m = pack_matrix(N, K, [](int, int) { return uint8_t(2); },
+                                  [&](int n, int g) { return scales[n * (K / 32) + g]; });
+  EXPECT_FALSE(m.foldable);
+  scales[0] = 127 + 14;
+  EXPECT_TRUE(pack_matrix(N, K, [](int, int) { return uint8_t(2); },
+                          [&](int n, int g) { return scales[n * (K / 32) + g]; })
+                  .foldable);
+}
+
 }  // namespace
 }  // namespace k3moe::layout_fp8
