@@ -16,7 +16,8 @@
 // 0x80808080 as stored (low register) or shifted left by 4 (high register).
 //
 // The table of a row and MX group holds the E4M3 codes of the eight E2M1 magnitudes times 2^d,
-// d = the group's scale exponent minus a base the kernel applies in fp32 with the token's scale.
+// d = the group's scale exponent minus the matrix's base exponent, which the kernel applies in
+// fp32 (pack_matrix below).
 // Every such product is exact in E4M3 for d in [kFoldMin, kFoldMax] (tests/formats: E4M3 holds
 // E2M1 x 2^d exactly for d in [-8, 6]); outside, the weights cannot take this path.
 #pragma once
