@@ -117,18 +117,22 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
         ptx::cp_async_bulk_g2s(st + T::kActBytes + T::kCodeBytes, scale_src + int64_t(c) * scale_bytes, scale_bytes,
                                &full[stage]);
       }
-      // Each warp instruction copies the chunk's 256 bytes of two rows (full lines). Piece p of a
-      // row (16 bytes) goes to k-half p / 8, 16-byte slot (p % 8) ^ (row % 8) of the row's 128
-      // bytes: the 128-byte swizzle. Rows past the tile are zeros.
-      const int piece = tid % 16, half = piece / 8;
-      const uint16_t* src = a.act + c * T::kChunkK + piece * 8;
-      uint8_t* dst = st + half * T::kActHalfBytes;
+      // Each warp instruction copies one k-half (128 bytes, full sectors) of four rows; a thread
+      // copies two pieces of each of its rows 16 i + tid / 8 (one row offset read per two copies):
+      // piece 8 half + p (16 bytes, p = tid % 8) goes to k-half `half`, 16-byte slot p ^ (row % 8)
+      // of the row's 128 bytes, the 128-byte swizzle (row % 8 = (tid / 8) % 8 for every i). Rows
+      // past the tile are zeros.
+      const int p = tid % 8, row0 = tid / 8;
+      const uint4* src = reinterpret_cast<const uint4*>(a.act + c * T::kChunkK) + p;
+      uint8_t* dst = st + row0 * 128 + ((p ^ (row0 % 8)) * 16);
 #pragma unroll 4
-      for (int i = 0; i < T::kTokens / 8; ++i) {
-        const int row = i * 8 + tid / 16;
-        const int64_t offset = s_rows[row];
-        ptx::cp_async_16(dst + row * 128 + (((piece % 8) ^ (row % 8)) * 16), offset < 0 ? a.act : src + offset,
-                         offset < 0 ? 0 : 16);
+      for (int i = 0; i < T::kTokens / 16; ++i) {
+        const int64_t offset = s_rows[i * 16 + row0];
+        const uint4* row = offset < 0 ? reinterpret_cast<const uint4*>(a.act) : src + offset / 8;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          ptx::cp_async_16(dst + half * T::kActHalfBytes + i * 16 * 128, offset < 0 ? row : row + half * 8,
+                           offset < 0 ? 0 : 16);
       }
       ptx::cp_async_mbarrier_arrive_noinc(&full[stage]);
     }

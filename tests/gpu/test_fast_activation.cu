@@ -9,7 +9,6 @@
 
 #include "gpu_test.h"
 #include "kernels/fast_activation.cuh"
-#include "runtime/cuda_check.h"
 
 namespace k3moe {
 namespace {
@@ -45,19 +44,11 @@ TEST_P(FastActivation, WithinFourMillionthsOfFloat64) {
       u.push_back(b);
     }
   const int n = int(g.size());
-  float *d_g, *d_u, *d_out;
-  K3MOE_CUDA_CHECK(cudaMalloc(&d_g, n * sizeof(float)));
-  K3MOE_CUDA_CHECK(cudaMalloc(&d_u, n * sizeof(float)));
-  K3MOE_CUDA_CHECK(cudaMalloc(&d_out, n * sizeof(float)));
-  K3MOE_CUDA_CHECK(cudaMemcpy(d_g, g.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  K3MOE_CUDA_CHECK(cudaMemcpy(d_u, u.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  evaluate<<<(n + 255) / 256, 256>>>(kind, p, d_g, d_u, d_out, n);
+  const DeviceBuffer d_g = testing::to_device(g), d_u = testing::to_device(u);
+  DeviceBuffer d_out(n * int64_t(sizeof(float)));
+  evaluate<<<(n + 255) / 256, 256>>>(kind, p, d_g.get<float>(), d_u.get<float>(), d_out.get<float>(), n);
   K3MOE_CUDA_CHECK(cudaGetLastError());
-  std::vector<float> out(n);
-  K3MOE_CUDA_CHECK(cudaMemcpy(out.data(), d_out, n * sizeof(float), cudaMemcpyDeviceToHost));
-  cudaFree(d_g);
-  cudaFree(d_u);
-  cudaFree(d_out);
+  const std::vector<float> out = testing::to_host<float>(d_out);
 
   constexpr double kRel = 4e-6;
   double worst = 0.0;

@@ -11,7 +11,6 @@
 #include "gpu_test.h"
 #include "k3moe/formats.h"
 #include "kernels/mxfp4_fragments.cuh"
-#include "runtime/cuda_check.h"
 
 namespace k3moe {
 namespace {
@@ -46,20 +45,11 @@ TEST(Mxfp8Rounding, HardwareConversionEqualsHostBitwise) {
       s.push_back(uint8_t(scale));
     }
   const int n = int(v.size());
-  float *d_v, *d_out;
-  uint8_t* d_s;
-  K3MOE_CUDA_CHECK(cudaMalloc(&d_v, n * sizeof(float)));
-  K3MOE_CUDA_CHECK(cudaMalloc(&d_out, n * sizeof(float)));
-  K3MOE_CUDA_CHECK(cudaMalloc(&d_s, n));
-  K3MOE_CUDA_CHECK(cudaMemcpy(d_v, v.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-  K3MOE_CUDA_CHECK(cudaMemcpy(d_s, s.data(), n, cudaMemcpyHostToDevice));
-  round_all<<<(n + 255) / 256, 256>>>(d_v, d_s, d_out, n);
+  const DeviceBuffer d_v = testing::to_device(v), d_s = testing::to_device(s);
+  DeviceBuffer d_out(n * int64_t(sizeof(float)));
+  round_all<<<(n + 255) / 256, 256>>>(d_v.get<float>(), d_s.get<uint8_t>(), d_out.get<float>(), n);
   K3MOE_CUDA_CHECK(cudaGetLastError());
-  std::vector<float> out(n);
-  K3MOE_CUDA_CHECK(cudaMemcpy(out.data(), d_out, n * sizeof(float), cudaMemcpyDeviceToHost));
-  cudaFree(d_v);
-  cudaFree(d_out);
-  cudaFree(d_s);
+  const std::vector<float> out = testing::to_host<float>(d_out);
   int failures = 0;
   for (int i = 0; i < n; ++i) {
     const float want = e4m3_to_float(float_to_e4m3(scale_down_by_e8m0(v[i], s[i]))) * e8m0_to_float(s[i]);
