@@ -1,7 +1,8 @@
 // The code layout an fp8 (E4M3) expert GEMM will read: MXFP4 weights placed so that each lane
 // widens its wgmma m64nNk32 A registers to E4M3 with the group's E8M0 scale folded in, exactly.
-// No kernel reads it yet (bench/NOTES.md, Session 4: the fp8 path); it is specified and tested
-// here so that the kernel and the upload can be written against it.
+// No kernel on main reads it: the fp8 GEMM1 built on it (branch fp8-gemm1-draft) was slower than
+// the bf16 path and Hopper's fp8 MMA is not fp32-exact per k32 (bench/NOTES.md, Session 5); the
+// layout stays here, specified and tested, for a later fp8 path.
 //
 // Blocks, row groups and chunks are those of expert_layout.cuh (16 rows x 64 k, 512 code bytes,
 // 16 per lane, block_index); only the bits inside a lane's 16 bytes differ. The E4M3 A fragment
