@@ -1,8 +1,15 @@
 // The physical ceilings a benchmark run measures for itself (PERF.md protocol): device-copy
-// bandwidth, and bf16 / fp8 dense GEMM rates through cuBLASLt on random data.
+// bandwidth, and bf16 / fp8 dense GEMM rates through cuBLASLt on random data; and a pure
+// streaming-read kernel, timed at each case's byte count, for the floor this GPU reaches in
+// practice at that size (ramp-up and tail included).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
 #include <string>
+
+#include "runtime/device_buffer.h"
 
 namespace k3moe::cli {
 
@@ -17,5 +24,19 @@ struct Ceilings {
 };
 
 Ceilings measure_ceilings(int device);
+
+// Reads `bytes` of random data with 16-byte streaming loads, nothing else; the best of a few
+// launch shapes. Successive reads start at rotating offsets of a 2 GiB buffer so that L2 does not
+// serve them (as the benchmark rotates its inputs).
+class StreamingRead {
+ public:
+  StreamingRead();
+  double median_us(double bytes, cudaStream_t stream);
+
+ private:
+  DeviceBuffer buffer_, sink_;
+  int sm_count_ = 0;
+  int64_t next_offset_ = 0;
+};
 
 }  // namespace k3moe::cli

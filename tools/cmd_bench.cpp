@@ -80,6 +80,7 @@ struct Row {
   double active_experts = 0, local_pairs = 0, bytes = 0, flops = 0;
   double us_ids = 0, us_logits = 0, spread_pct = 0, baseline_us = 0;
   double floor_us = 0, floor_ratio = 0, baseline_rel_l2 = 0;
+  double read_us = 0;  // the streaming-read kernel over the same bytes
 };
 
 struct Options {
@@ -94,7 +95,7 @@ struct Options {
 };
 
 Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
-             const Ceilings& ceil, bool with_baseline, const Options& o) {
+             const Ceilings& ceil, StreamingRead& read, bool with_baseline, const Options& o) {
   const MoeConfig& cfg = shape.config;
   const int64_t T = c.tokens, H = cfg.hidden, E = cfg.num_experts, K = cfg.top_k;
   PlanOptions options{cfg, c.tokens, c.mode, cfg.activation, cfg.activation_params, shape.ep, 0};
@@ -193,6 +194,7 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   const double matrix_tflops = c.mode == Mode::A16 ? ceil.bf16_tflop_s : ceil.fp8_tflop_s;
   row.floor_us = std::max(row.bytes / (ceil.copy_tb_s * 1e12), row.flops / (matrix_tflops * 1e12)) * 1e6;
   row.floor_ratio = row.floor_us / row.us_ids;
+  row.read_us = read.median_us(row.bytes, stream);
 
   cudaStreamDestroy(stream);
   return row;
@@ -228,8 +230,10 @@ void bench(const Options& o) {
               ceil.driver_version, o.commit.c_str());
   std::printf("ceilings: copy %.2f TB/s, bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s\n\n", ceil.copy_tb_s, ceil.bf16_tflop_s,
               ceil.fp8_tflop_s);
-  std::printf("%-8s %5s %-6s %6s %9s %9s %7s %8s %6s %9s %10s %9s %7s %6s\n", "shape", "T", "mode", "experts", "us",
-              "us+route", "TB/s", "TFLOP/s", "floor", "floor/t", "baseline", "speedup", "spread", "base-d");
+  std::printf("read/t: a kernel that only streams the same bytes, over this case's time (1.0 = as fast as a pure read)\n");
+  std::printf("%-8s %5s %-6s %6s %9s %9s %7s %8s %6s %9s %7s %10s %9s %7s %6s\n", "shape", "T", "mode", "experts", "us",
+              "us+route", "TB/s", "TFLOP/s", "floor", "floor/t", "read/t", "baseline", "speedup", "spread", "base-d");
+  StreamingRead read;
   std::map<std::string, std::pair<RankExperts, std::unique_ptr<DeviceExperts>>> loaded;
   std::vector<Row> rows;
   for (const Case& c : cases) {
@@ -247,11 +251,11 @@ void bench(const Options& o) {
       loaded.emplace(c.shape, std::make_pair(std::move(host), std::move(device)));
     }
     const auto& [host, device] = loaded.at(c.shape);
-    const Row r = run_case(c, shape, host, *device, ceil, !o.no_baseline, o);
-    std::printf("%-8s %5d %-6s %6.1f %9.1f %9.1f %7.2f %8.1f %6.1f %9.3f %10.1f %8.2fx %6.1f%% %6.0e\n", c.shape.c_str(),
-                c.tokens, std::string(to_string(c.mode)).c_str(), r.active_experts, r.us_ids, r.us_logits,
-                r.bytes / (r.us_ids * 1e-6) / 1e12, r.flops / (r.us_ids * 1e-6) / 1e12, r.floor_us, r.floor_ratio,
-                r.baseline_us, r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0, r.spread_pct, r.baseline_rel_l2);
+    const Row r = run_case(c, shape, host, *device, ceil, read, !o.no_baseline, o);
+    std::printf("%-8s %5d %-6s %6.1f %9.1f %9.1f %7.2f %8.1f %6.1f %9.3f %7.3f %10.1f %8.2fx %6.1f%% %6.0e\n",
+                c.shape.c_str(), c.tokens, std::string(to_string(c.mode)).c_str(), r.active_experts, r.us_ids,
+                r.us_logits, r.bytes / (r.us_ids * 1e-6) / 1e12, r.flops / (r.us_ids * 1e-6) / 1e12, r.floor_us,
+                r.floor_ratio, r.read_us / r.us_ids, r.baseline_us, r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0, r.spread_pct, r.baseline_rel_l2);
     std::fflush(stdout);
     rows.push_back(r);
   }
@@ -278,6 +282,8 @@ void bench(const Options& o) {
                            {"tflop_s", r.flops / (r.us_ids * 1e-6) / 1e12},
                            {"floor_us", r.floor_us},
                            {"floor_ratio", r.floor_ratio},
+                           {"streaming_read_us", r.read_us},
+                           {"read_ratio", r.read_us / r.us_ids},
                            {"spread_pct", r.spread_pct},
                            {"baseline_us", r.baseline_us},
                            {"speedup", r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0},
