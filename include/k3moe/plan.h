@@ -82,7 +82,7 @@ enum class GemmKernel { Auto, MmaSync, Wgmma };
 
 struct PlanOptions {
   MoeConfig config;
-  int max_tokens = 4096;
+  int max_tokens = 4096;  // at most 2^32 / (top_k max(H, I) / 8): 599,186 for Kimi-K3
   Mode mode = Mode::A16;
   Activation activation = Activation::Situ;
   ActivationParams activation_params;  // normally config.activation_params

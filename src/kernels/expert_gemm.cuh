@@ -71,5 +71,10 @@ inline constexpr int kGemmKMultiple = 128;
 inline constexpr int kGemmNMultiple = 16;
 inline constexpr int kGemmChunkK = 128;
 inline constexpr int kGemmRowsPerCta = 256;
+// The wgmma kernels address activation rows by 32-bit offsets in 16-byte pieces (one value marks
+// an absent row): a forward's rows (T top_k at GEMM2) times K / 8 must stay below 2^32 - 1.
+inline int64_t max_gemm_tokens(int top_k, int hidden, int intermediate) {
+  return (int64_t(0xFFFFFFFFu) - 1) / (int64_t(top_k) * (hidden > intermediate ? hidden : intermediate) / 8);
+}
 
 }  // namespace k3moe::kernels

@@ -86,10 +86,13 @@ constexpr int kProducerBarrier = 5;  // named barriers 1 .. 4: the consumer warp
 
 template <class T>
 __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, uint64_t* full, uint64_t* empty,
-                                        int64_t* s_rows, int num_units, int row_groups) {
+                                        uint32_t* s_rows, int num_units, int row_groups) {
   const int tid = threadIdx.x % 128;
   const int chunks = a.K / T::kChunkK;
   const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
+  constexpr int kRowsPerThread = T::kTokens / 16;
+  constexpr uint32_t kNoRow = 0xFFFFFFFFu;
+  static_assert(kRowsPerThread % 2 == 0, "a thread's rows are read in pairs");
   int seq = 0;
   for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
     const WgUnit unit = wg_unit(a, u, row_groups);
@@ -99,13 +102,15 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
     const uint32_t code_bytes = blocks * layout::kBlockCodeBytes, scale_bytes = blocks * layout::kBlockScaleBytes;
     const uint8_t* code_src = a.codes + first_block * layout::kBlockCodeBytes;
     const uint8_t* scale_src = a.scales + first_block * layout::kBlockScaleBytes;
-    // The unit's token rows (element offsets of their first k; -1: past the tile), for the
-    // coalesced copies below, after the last unit's copies have all been issued.
+    // The unit's token rows as offsets of their first k in 16-byte pieces (kNoRow: past the tile),
+    // after the last unit's copies have all been issued. Row 16 i + r sits at r * kRowsPerThread + i,
+    // so that a thread's rows (16 i + tid / 8) are adjacent: one vector load per chunk.
     ptx::named_barrier_sync(kProducerBarrier, 128);
     if (tid < T::kTokens)
-      s_rows[tid] = tid >= unit.tile.z
-                        ? -1
-                        : (a.row_token ? a.row_token[unit.tile.y + tid] : unit.tile.y + tid) * int64_t(a.K);
+      s_rows[(tid % 16) * kRowsPerThread + tid / 16] =
+          tid >= unit.tile.z
+              ? kNoRow
+              : uint32_t((a.row_token ? a.row_token[unit.tile.y + tid] : unit.tile.y + tid) * int64_t(a.K / 8));
     ptx::named_barrier_sync(kProducerBarrier, 128);
     for (int c = 0; c < chunks; ++c, ++seq) {
       const int stage = seq % T::kStages;
@@ -125,14 +130,20 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
       const int p = tid % 8, row0 = tid / 8;
       const uint4* src = reinterpret_cast<const uint4*>(a.act + c * T::kChunkK) + p;
       uint8_t* dst = st + row0 * 128 + ((p ^ (row0 % 8)) * 16);
-#pragma unroll 4
-      for (int i = 0; i < T::kTokens / 16; ++i) {
-        const int64_t offset = s_rows[i * 16 + row0];
-        const uint4* row = offset < 0 ? reinterpret_cast<const uint4*>(a.act) : src + offset / 8;
+      uint32_t rows[kRowsPerThread];
+#pragma unroll
+      for (int v = 0; v < kRowsPerThread; v += 2) {
+        const uint2 pair = *reinterpret_cast<const uint2*>(s_rows + row0 * kRowsPerThread + v);
+        rows[v] = pair.x;
+        rows[v + 1] = pair.y;
+      }
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        const bool valid = rows[i] != kNoRow;
+        const uint4* row = valid ? src + rows[i] : reinterpret_cast<const uint4*>(a.act);
 #pragma unroll
         for (int half = 0; half < 2; ++half)
-          ptx::cp_async_16(dst + half * T::kActHalfBytes + i * 16 * 128, offset < 0 ? row : row + half * 8,
-                           offset < 0 ? 0 : 16);
+          ptx::cp_async_16(dst + half * T::kActHalfBytes + i * 16 * 128, valid ? row + half * 8 : row, valid ? 16 : 0);
       }
       ptx::cp_async_mbarrier_arrive_noinc(&full[stage]);
     }
@@ -259,7 +270,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   __shared__ __align__(8) uint64_t s_full[T::kStages], s_empty[T::kStages];
   __shared__ uint32_t s_amax[T::kConsumers][4][32];
-  __shared__ int64_t s_rows[T::kTokens];
+  __shared__ __align__(16) uint32_t s_rows[T::kTokens];
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
       ptx::mbarrier_init(&s_full[s], 1 + 128);  // the bulk copies' arrival + 128 cp.async threads

@@ -108,6 +108,9 @@ MoePlan MoePlan::create(const PlanOptions& o) {
   o.ep.validate(o.config.num_experts);
   const MoeConfig& c = o.config;
   K3MOE_CHECK(o.max_tokens >= 0, "max_tokens must be >= 0, got ", o.max_tokens);
+  const int64_t token_limit = kernels::max_gemm_tokens(c.top_k, c.hidden, c.intermediate);
+  K3MOE_CHECK(o.max_tokens <= token_limit, "max_tokens must be <= ", token_limit, " at top_k ", c.top_k, ", H ",
+              c.hidden, ", I ", c.intermediate, " (32-bit row offsets), got ", o.max_tokens);
   K3MOE_CHECK(o.gemm1_splits >= 0 && o.gemm2_splits >= 0, "gemm splits must be >= 0 (0: automatic), got ",
               o.gemm1_splits, " and ", o.gemm2_splits);
   if (o.token_tile != 0) choose_kernels(o.config, o.ep, 1, 1, o.gemm_kernel, o.token_tile);  // a clear error if unknown
@@ -168,6 +171,9 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   K3MOE_CHECK(workspace != nullptr || T <= o.max_tokens, "x has ", T, " tokens, the plan was created for at most ",
               o.max_tokens, " (pass a workspace of workspace_bytes(", T, ") bytes for more)");
   K3MOE_CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
+  const int64_t token_limit = kernels::max_gemm_tokens(c.top_k, c.hidden, c.intermediate);
+  K3MOE_CHECK(T <= token_limit, "x has ", T, " tokens; one forward takes at most ", token_limit, " at top_k ", K,
+              ", H ", H, ", I ", c.intermediate, " (32-bit row offsets): split the batch");
   const bool x_prequantized = same_dtype(args.x->dtype, kU8);
   K3MOE_CHECK(!x_prequantized || o.mode == Mode::Mxfp8,
               "x is uint8 (pre-quantized MXFP8) but the plan's mode is ", to_string(o.mode));

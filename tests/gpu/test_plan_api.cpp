@@ -2,12 +2,14 @@
 // are rejected with messages naming them, T = 0 returns at once, unsupported scales are refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "expect_error.h"
 #include "gpu_test.h"
 #include "k3moe/error.h"
+#include "kernels/expert_gemm.cuh"
 #include "k3moe/synthetic.h"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
@@ -142,6 +144,12 @@ TEST(MoePlan, RejectsShapesTheKernelsDoNotTake) {
   c = small_config();
   testing::expect_error([&] { MoePlan::create({c, 16, Mode::A16, Activation::Situ, c.activation_params, {3, 0}, 0}); },
                         {"3"});
+  c = small_config();
+  const int64_t limit = kernels::max_gemm_tokens(c.top_k, c.hidden, c.intermediate);
+  EXPECT_EQ(limit, (int64_t(0xFFFFFFFFu) - 1) / (int64_t(c.top_k) * std::max(c.hidden, c.intermediate) / 8));
+  testing::expect_error(
+      [&] { MoePlan::create({c, int(limit + 1), Mode::A16, Activation::Situ, c.activation_params, {1, 0}, 0}); },
+      {"max_tokens must be <= " + std::to_string(limit), "got " + std::to_string(limit + 1)});
 }
 
 }  // namespace
