@@ -25,12 +25,7 @@ __device__ __forceinline__ void store_dequantized(const uint8_t (&codes)[kGroup]
   for (int v = 0; v < 4; ++v) reinterpret_cast<uint4*>(out)[v] = packed[v];
 }
 
-__global__ void __launch_bounds__(kThreads)
-    quantize_mxfp8_kernel(const uint16_t* x, int64_t groups, Mxfp8Buffers out) {
-  ptx::griddepcontrol_wait();
-  ptx::griddepcontrol_launch_dependents();
-  const int64_t group = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (group >= groups) return;
+__device__ __forceinline__ void quantize_group(const uint16_t* x, int64_t group, const Mxfp8Buffers& out) {
   uint4 in[4];
 #pragma unroll
   for (int v = 0; v < 4; ++v) in[v] = reinterpret_cast<const uint4*>(x + group * kGroup)[v];
@@ -53,36 +48,51 @@ __global__ void __launch_bounds__(kThreads)
   if (out.x_dequant) store_dequantized(codes, s, out.x_dequant + group * kGroup);
 }
 
+// kWaitAtEnd: see launch_quantize_mxfp8's `overlap_previous`.
+template <bool kWaitAtEnd>
 __global__ void __launch_bounds__(kThreads)
-    dequantize_mxfp8_kernel(const uint8_t* codes, const uint8_t* scales, int64_t groups, uint16_t* x_dequant) {
-  ptx::griddepcontrol_wait();
+    quantize_mxfp8_kernel(const uint16_t* x, int64_t groups, Mxfp8Buffers out) {
+  if (!kWaitAtEnd) ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   const int64_t group = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (group >= groups) return;
-  uint8_t c[kGroup];
+  if (group < groups) quantize_group(x, group, out);
+  if (kWaitAtEnd) ptx::griddepcontrol_wait();
+}
+
+template <bool kWaitAtEnd>
+__global__ void __launch_bounds__(kThreads)
+    dequantize_mxfp8_kernel(const uint8_t* codes, const uint8_t* scales, int64_t groups, uint16_t* x_dequant) {
+  if (!kWaitAtEnd) ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+  const int64_t group = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (group < groups) {
+    uint8_t c[kGroup];
 #pragma unroll
-  for (int v = 0; v < 2; ++v)
-    reinterpret_cast<uint4*>(c)[v] = reinterpret_cast<const uint4*>(codes + group * kGroup)[v];
-  store_dequantized(c, scales[group], x_dequant + group * kGroup);
+    for (int v = 0; v < 2; ++v)
+      reinterpret_cast<uint4*>(c)[v] = reinterpret_cast<const uint4*>(codes + group * kGroup)[v];
+    store_dequantized(c, scales[group], x_dequant + group * kGroup);
+  }
+  if (kWaitAtEnd) ptx::griddepcontrol_wait();
 }
 
 int64_t blocks_for(int64_t groups) { return (groups + kThreads - 1) / kThreads; }
 
 }  // namespace
 
-void launch_quantize_mxfp8(const uint16_t* x, int tokens, int hidden, const Mxfp8Buffers& out,
-                           cudaStream_t stream) {
+void launch_quantize_mxfp8(const uint16_t* x, int tokens, int hidden, const Mxfp8Buffers& out, cudaStream_t stream,
+                           bool overlap_previous) {
   const int64_t groups = int64_t(tokens) * hidden / kGroup;
   if (groups == 0) return;
-  launch_dependent(quantize_mxfp8_kernel, dim3(blocks_for(groups)), kThreads, 0, stream, x, groups, out);
+  launch_dependent(overlap_previous ? quantize_mxfp8_kernel<true> : quantize_mxfp8_kernel<false>,
+                   dim3(blocks_for(groups)), kThreads, 0, stream, x, groups, out);
 }
 
 void launch_dequantize_mxfp8(const uint8_t* codes, const uint8_t* scales, int tokens, int hidden,
-                             uint16_t* x_dequant, cudaStream_t stream) {
+                             uint16_t* x_dequant, cudaStream_t stream, bool overlap_previous) {
   const int64_t groups = int64_t(tokens) * hidden / kGroup;
   if (groups == 0) return;
-  launch_dependent(dequantize_mxfp8_kernel, dim3(blocks_for(groups)), kThreads, 0, stream, codes, scales, groups,
-                   x_dequant);
+  launch_dependent(overlap_previous ? dequantize_mxfp8_kernel<true> : dequantize_mxfp8_kernel<false>,
+                   dim3(blocks_for(groups)), kThreads, 0, stream, codes, scales, groups, x_dequant);
 }
 
 }  // namespace k3moe::kernels

@@ -17,10 +17,14 @@ struct Mxfp8Buffers {
   uint16_t* x_dequant = nullptr;  // may be nullptr (quantize only)
 };
 
-void launch_quantize_mxfp8(const uint16_t* x, int tokens, int hidden, const Mxfp8Buffers& out,
-                           cudaStream_t stream);
+// overlap_previous: the kernel runs beside the previous kernel in the stream (programmatic
+// dependent launch) and waits for it only before exiting, so that its completion still implies the
+// previous kernel's. Only for a previous kernel that neither writes what this one reads nor reads
+// what it writes, and that itself waited for everything before it (the forward: the permutation).
+void launch_quantize_mxfp8(const uint16_t* x, int tokens, int hidden, const Mxfp8Buffers& out, cudaStream_t stream,
+                           bool overlap_previous = false);
 // Pre-quantized input: codes + scales -> x_dequant.
 void launch_dequantize_mxfp8(const uint8_t* codes, const uint8_t* scales, int tokens, int hidden,
-                             uint16_t* x_dequant, cudaStream_t stream);
+                             uint16_t* x_dequant, cudaStream_t stream, bool overlap_previous = false);
 
 }  // namespace k3moe::kernels

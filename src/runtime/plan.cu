@@ -202,22 +202,24 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
                             stream);
   }
 
-  const uint16_t* x_act = data_ptr<uint16_t>(args.x);
-  if (o.mode == Mode::Mxfp8) {
-    if (x_prequantized) {
-      kernels::launch_dequantize_mxfp8(data_ptr<uint8_t>(args.x), data_ptr<uint8_t>(args.x_scales), int(T), int(H),
-                                       ws.x_dequant, stream);
-    } else {
-      kernels::launch_quantize_mxfp8(x_act, int(T), int(H), {ws.x_codes, ws.x_scales, ws.x_dequant}, stream);
-    }
-    x_act = ws.x_dequant;
-  }
-
   const KernelChoice choice = kernel_choice(o, T, p.sm_count);
   kernels::launch_permute({ids, int(T), int(K), p.first_expert, p.num_local, ws.expert_offset, ws.row_token,
                            ws.slot_row, kernels::tile_tokens(choice.token_tile), ws.tile_info, ws.num_tiles,
                            ws.unit_counters},
                           stream);
+
+  // The activations' MXFP8 rounding runs beside the permutation (neither reads what the other
+  // writes); the permutation waited for everything before the forward.
+  const uint16_t* x_act = data_ptr<uint16_t>(args.x);
+  if (o.mode == Mode::Mxfp8) {
+    if (x_prequantized) {
+      kernels::launch_dequantize_mxfp8(data_ptr<uint8_t>(args.x), data_ptr<uint8_t>(args.x_scales), int(T), int(H),
+                                       ws.x_dequant, stream, true);
+    } else {
+      kernels::launch_quantize_mxfp8(x_act, int(T), int(H), {ws.x_codes, ws.x_scales, ws.x_dequant}, stream, true);
+    }
+    x_act = ws.x_dequant;
+  }
 
   const int64_t rows = T * K;  // capacity of the row buffers
   kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token, ws.tile_info, ws.num_tiles,
