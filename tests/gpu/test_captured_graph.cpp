@@ -21,13 +21,10 @@ TEST(CapturedGraph, ReplaysTheCapturedWork) {
   DeviceBuffer buffer(64);
   K3MOE_CUDA_CHECK(cudaMemset(buffer.get<uint8_t>(), 0, 64));
   const CapturedGraph graph(stream, [&] { K3MOE_CUDA_CHECK(cudaMemsetAsync(buffer.get<uint8_t>(), 0x5A, 64, stream)); });
-  uint8_t host[64] = {};
-  K3MOE_CUDA_CHECK(cudaMemcpy(host, buffer.get<uint8_t>(), 64, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(host[0], 0) << "capturing must not run the work";
+  for (uint8_t b : testing::to_host<uint8_t>(buffer)) EXPECT_EQ(b, 0) << "capturing must not run the work";
   graph.launch(stream);
   K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  K3MOE_CUDA_CHECK(cudaMemcpy(host, buffer.get<uint8_t>(), 64, cudaMemcpyDeviceToHost));
-  for (uint8_t b : host) EXPECT_EQ(b, 0x5A);
+  for (uint8_t b : testing::to_host<uint8_t>(buffer)) EXPECT_EQ(b, 0x5A);
   cudaStreamDestroy(stream);
 }
 
