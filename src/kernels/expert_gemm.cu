@@ -140,23 +140,6 @@ struct ChunkCopier {
   }
 };
 
-// ExpertGemmArgs::prefetch_chunks: this CTA's share of every expert's row groups, their first chunks
-// of codes and scales (one contiguous run each) into L2.
-template <class T>
-__device__ __forceinline__ void prefetch_first_chunks(const ExpertGemmArgs& a) {
-  const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
-  const int groups = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
-  const int chunks = min(a.prefetch_chunks, a.K / T::kChunkK);
-  for (int u = blockIdx.x; u < a.num_local * groups; u += gridDim.x) {
-    const int expert = u / groups, group = u % groups;
-    const int64_t first_block =
-        int64_t(expert) * n_blocks * k_blocks + int64_t(group) * layout::kGroupRowBlocks * k_blocks;
-    const uint32_t blocks = layout::group_row_blocks(group, a.N) * T::kChunkBlocks * chunks;
-    ptx::cp_async_bulk_prefetch_l2(a.codes + first_block * layout::kBlockCodeBytes, blocks * layout::kBlockCodeBytes);
-    ptx::cp_async_bulk_prefetch_l2(a.scales + first_block * layout::kBlockScaleBytes, blocks * layout::kBlockScaleBytes);
-  }
-}
-
 template <class T>
 using Accumulators = float[T::kMTiles][T::kNT][4];
 
@@ -299,10 +282,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
   // NOTE: the schedule comes from the permutation, which completed before the previous kernel
   // (GEMM1 or the activation) passed its own wait. GEMM2's weights do not depend on GEMM1 either:
   // GEMM2 waits for GEMM1's output only after it started streaming its first unit's weights.
-  if (kEpi != Epilogue::Rows) {
-    if (threadIdx.x == 0 && a.prefetch_chunks > 0) prefetch_first_chunks<T>(a);
-    ptx::griddepcontrol_wait();
-  }
+  if (kEpi != Epilogue::Rows) ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   const int total_tiles = *a.num_tiles;
   const int row_blocks = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;

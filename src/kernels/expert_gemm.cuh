@@ -37,10 +37,6 @@ struct ExpertGemmArgs {
   int K = 0;
   int splits = 1;  // K ranges; 1 <= splits <= K / 128
   int sm_count = 0;
-  // GEMM1 on mma.sync: before waiting for the permutation, the CTAs ask L2 for the first
-  // `prefetch_chunks` chunks of every local expert's row groups (the weights do not depend on the
-  // routing; DRAM is idle while the permutation runs). 0: none.
-  int prefetch_chunks = 0;
 };
 
 struct GemmOutput {

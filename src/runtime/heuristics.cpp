@@ -96,14 +96,6 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   k.gemm1_splits = units1 >= target && units1 < 4.0 * target
                        ? std::min(2, chunks1)
                        : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5, 0.0);
-  // While the permutation runs (~6 us at decode) DRAM idles: GEMM1's CTAs ask L2 for the first
-  // chunk(s) of every local expert's row groups, 12-16 MB, when at least half the experts are
-  // expected to be hit (else most of it is wasted and competes with the useful stream).
-  const double first_chunks_bytes = local * std::ceil(2.0 * c.intermediate / rows_per_cta) * rows_per_cta *
-                                    kernels::kGemmChunkK * (0.5 + 1.0 / 32);
-  k.gemm1_prefetch_chunks = k.expected_active_experts >= 0.5 * local && first_chunks_bytes <= 16e6
-                                ? std::max(1, int(12e6 / first_chunks_bytes))
-                                : 0;
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
                                  c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25, 2.0);
   return k;
@@ -121,10 +113,9 @@ std::string KernelChoice::describe() const {
   }
   std::snprintf(buf, sizeof buf,
                 "expert GEMMs: mma.sync bf16 m16n8k16, persistent CTAs of %d warps over units of 256 weight "
-                "rows x %d tokens; K split %d (GEMM1) and %d (GEMM2); GEMM1 prefetches %d chunk(s) per row group "
-                "into L2 during the permutation (expected %.1f active experts, %.1f rows each)",
-                gemm_warps, kernels::tile_tokens(token_tile), gemm1_splits, gemm2_splits, gemm1_prefetch_chunks,
-                expected_active_experts, expected_rows_per_expert);
+                "rows x %d tokens; K split %d (GEMM1) and %d (GEMM2) (expected %.1f active experts, %.1f rows each)",
+                gemm_warps, kernels::tile_tokens(token_tile), gemm1_splits, gemm2_splits, expected_active_experts,
+                expected_rows_per_expert);
   return buf;
 }
 

@@ -16,7 +16,6 @@ struct KernelChoice {
   int gemm_warps = 4;
   int gemm1_splits = 1;  // K ranges of GEMM1 (> 1: partial rows + the activation stage)
   int gemm2_splits = 1;  // K ranges of GEMM2 (summed by the combine)
-  int gemm1_prefetch_chunks = 0;  // mma.sync: ExpertGemmArgs::prefetch_chunks of GEMM1
   double expected_active_experts = 0.0;
   double expected_rows_per_expert = 0.0;
 

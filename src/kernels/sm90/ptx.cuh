@@ -117,10 +117,6 @@ __device__ __forceinline__ void cp_async_bulk_g2s(void* smem_dst, const void* gm
                "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 }
-// A hint: bring `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2.
-__device__ __forceinline__ void cp_async_bulk_prefetch_l2(const void* gmem_src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem_src), "r"(bytes) : "memory");
-}
 
 }  // namespace k3moe::ptx
 
