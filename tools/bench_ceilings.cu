@@ -10,6 +10,7 @@
 #include "bench_timing.h"
 #include "k3moe/error.h"
 #include "runtime/device_buffer.h"
+#include "streaming_read.cuh"
 
 namespace k3moe::cli {
 namespace {
@@ -31,26 +32,6 @@ __global__ void fill_random(void* data, int64_t elements, int element_bits, uint
       static_cast<uint8_t*>(data)[i] = code;
     }
   }
-}
-
-// Each thread keeps four 16-byte loads in flight; the xor of what it read goes to the sink only if
-// it matches a value random data does not produce, so the loads cannot be elided.
-__global__ void __launch_bounds__(1024) read_stream(const uint4* data, int64_t pieces, uint32_t* sink) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  uint32_t acc = 0;
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  for (; i + 3 * stride < pieces; i += 4 * stride) {
-    uint4 v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = __ldcs(data + i + j * stride);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
-  }
-  for (; i < pieces; i += stride) {
-    const uint4 v = __ldcs(data + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9E3779B9u) *sink = acc;
 }
 
 double copy_tb_s(cudaStream_t stream) {
@@ -125,7 +106,7 @@ double StreamingRead::median_us(double bytes, cudaStream_t stream) {
     const Timing t = time_ms(stream, 3, 20, [&](int) {
       const int64_t offset = span > 0 ? next_offset_ % span : 0;
       next_offset_ += pieces + 4096;  // past what L2 may keep of the last read
-      read_stream<<<sm_count_ * shape.blocks_per_sm, shape.threads, 0, stream>>>(
+      bench::read_stream<<<sm_count_ * shape.blocks_per_sm, shape.threads, 0, stream>>>(
           static_cast<const uint4*>(buffer_.get()) + offset, pieces, static_cast<uint32_t*>(sink_.get()));
       K3MOE_CUDA_CHECK(cudaGetLastError());
     });

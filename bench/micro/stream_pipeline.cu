@@ -3,7 +3,7 @@
 // shared-memory stages (thread 0 issues, every thread waits on the stage's mbarrier, one
 // __syncthreads per chunk, as expert_gemm.cu does), then `work` cycles of spinning per chunk in
 // place of the widening and MMAs. Compared with a plain grid-stride read of the same bytes.
-// Build: nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a -Isrc bench/micro/stream_pipeline.cu
+// Build: nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a -Isrc -Itools bench/micro/stream_pipeline.cu
 // Run: ./a.out TOTAL_MB CHUNK_KB UNIT_CHUNKS [CTAS_PER_SM:STAGES:WORK ...]
 #include <cuda_runtime.h>
 
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/sm90/ptx.cuh"
+#include "streaming_read.cuh"
 
 using namespace k3moe;
 
@@ -47,24 +48,6 @@ __global__ void pipeline(const uint8_t* src, int units, int unit_chunks, uint32_
     const long long t0 = clock64();
     while (clock64() - t0 < work) {
     }
-  }
-  if (acc == 0x9E3779B9u) *sink = acc;
-}
-
-__global__ void read_stream(const uint4* data, int64_t pieces, uint32_t* sink) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  uint32_t acc = 0;
-  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  for (; i + 3 * stride < pieces; i += 4 * stride) {
-    uint4 v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = __ldcs(data + i + j * stride);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
-  }
-  for (; i < pieces; i += stride) {
-    const uint4 v = __ldcs(data + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9E3779B9u) *sink = acc;
 }
@@ -104,7 +87,7 @@ int main(int argc, char** argv) {
   const int64_t bytes = int64_t(units) * unit_chunks * chunk_bytes;
   auto offset = [&](int r) { return (int64_t(r) * (bytes + (1 << 20))) % (buffer_bytes - bytes) / 128 * 128; };
   const float t_read = median_us([&](int r) {
-    read_stream<<<sms * 4, 512>>>(reinterpret_cast<const uint4*>(buf + offset(r)), bytes / 16, sink);
+    bench::read_stream<<<sms * 4, 512>>>(reinterpret_cast<const uint4*>(buf + offset(r)), bytes / 16, sink);
   });
   std::printf("%.1f MB in %d units of %d x %u B: plain read %.1f us (%.2f TB/s)\n", bytes / 1e6, units, unit_chunks,
               chunk_bytes, t_read, bytes / t_read / 1e6);
