@@ -152,7 +152,7 @@ __device__ __forceinline__ void compute_chunk(const uint8_t* stage, int warp, in
 #pragma unroll
   for (int kb = 0; kb < T::kChunkBlocks; ++kb) {
     uint4 code[T::kMTiles];
-    uint32_t mult[T::kMTiles][2];
+    BlockMultipliers mult[T::kMTiles];
 #pragma unroll
     for (int i = 0; i < T::kMTiles; ++i)
       load_block_fragments(s_codes, s_scales, (warp * T::kMTiles + i) * T::kChunkBlocks + kb, lane, code[i], mult[i]);

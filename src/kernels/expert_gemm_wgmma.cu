@@ -164,24 +164,16 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int wa
 #pragma unroll
   for (int kb = 0; kb < layout::kChunkBlocks; ++kb) {
     uint4 code[T::kMTiles];
-    uint32_t mult[T::kMTiles][2];
+    BlockMultipliers mult[T::kMTiles];
 #pragma unroll
-    for (int i = 0; i < T::kMTiles; ++i) {
-      const int block = (cwg * 4 * T::kMTiles + i * 4 + warp) * layout::kChunkBlocks + kb;
-      code[i] = ptx::ld_shared_v4(s_codes + block * layout::kBlockCodeBytes + lane * 16);
-      const uint32_t sw = ptx::ld_shared_u32(s_scales + block * layout::kBlockScaleBytes + (lane / 4) * 4);
-      mult[i][0] = scale_multipliers(sw, 0);
-      mult[i][1] = scale_multipliers(sw, 1);
-    }
+    for (int i = 0; i < T::kMTiles; ++i)
+      load_block_fragments(s_codes, s_scales, (cwg * 4 * T::kMTiles + i * 4 + warp) * layout::kChunkBlocks + kb, lane,
+                           code[i], mult[i]);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       uint32_t afrag[T::kMTiles][4];
 #pragma unroll
-      for (int i = 0; i < T::kMTiles; ++i) {
-        const uint32_t word = kk == 0 ? code[i].x : kk == 1 ? code[i].y : kk == 2 ? code[i].z : code[i].w;
-        widen_codes(word, afrag[i]);
-        scale_pairs(afrag[i], mult[i][kk / 2]);
-      }
+      for (int i = 0; i < T::kMTiles; ++i) widen_step(code[i], mult[i], kk, afrag[i]);
       const uint64_t desc = ptx::wgmma_desc_k_major_sw128(st + kb * T::kActHalfBytes + kk * 32);
       ptx::wgmma_fence();
 #pragma unroll

@@ -23,39 +23,43 @@ __device__ __forceinline__ void widen_codes(uint32_t w, uint32_t (&pairs)[4]) {
   pairs[3] = ((w << 2) & layout::kWidenMaskShl2) | ((w >> 6) & layout::kWidenMaskShr6);
 }
 
-// bf16x2 {2^(s0-1), 2^(s1-1)} from bytes 2 `group` and 2 `group` + 1 (= s + 126) of a scale word,
-// the multipliers of rows g and g + 8 of one k-group: the two bytes moved onto the two halves'
-// exponent fields. The NaN scale's byte 255 gives +Inf, and its group's codes are zero (upload),
-// so every weight of the group is 0 * Inf = NaN.
-__device__ __forceinline__ uint32_t scale_multipliers(uint32_t scale_word, int group) {
-  return __byte_perm(scale_word, 0u, group == 0 ? 0x4140u : 0x4342u) << 7;
+// The bf16 multipliers 2^(s-1) of one lane's block, from its scale word (bytes s + 126 of (row g,
+// k-group 0), (row g + 8, 0), (row g, 1), (row g + 8, 1)): each byte moved onto a bf16 exponent
+// field, row g's two k-groups in the halves of `row_g`, row g + 8's in `row_g8` (4 operations; the
+// multiplies pick their half). The NaN scale's byte 255 gives +Inf, and its group's codes are zero
+// (upload), so every weight of the group is 0 * Inf = NaN.
+struct BlockMultipliers {
+  uint32_t row_g, row_g8;
+};
+
+__device__ __forceinline__ BlockMultipliers scale_multipliers(uint32_t scale_word) {
+  return {(scale_word & 0x00FF00FFu) << 7, (scale_word >> 1) & 0x7F807F80u};
 }
 
-// pairs[p] * the multiplier of its row: the low half for rows g (pairs 0, 2), the high for g + 8.
-__device__ __forceinline__ void scale_pairs(uint32_t (&pairs)[4], uint32_t multipliers) {
-  const uint32_t lo = __byte_perm(multipliers, 0u, 0x1010u), hi = __byte_perm(multipliers, 0u, 0x3232u);
-  pairs[0] = ptx::mul_bf16x2(pairs[0], lo);
-  pairs[1] = ptx::mul_bf16x2(pairs[1], hi);
-  pairs[2] = ptx::mul_bf16x2(pairs[2], lo);
-  pairs[3] = ptx::mul_bf16x2(pairs[3], hi);
+// pairs[p] * the multiplier of its row in k-group kGroup: row g for pairs 0, 2, row g + 8 for 1, 3.
+template <int kGroup>
+__device__ __forceinline__ void scale_pairs(uint32_t (&pairs)[4], const BlockMultipliers& m) {
+  pairs[0] = ptx::mul_bf16x2_by_half<kGroup>(pairs[0], m.row_g);
+  pairs[1] = ptx::mul_bf16x2_by_half<kGroup>(pairs[1], m.row_g8);
+  pairs[2] = ptx::mul_bf16x2_by_half<kGroup>(pairs[2], m.row_g);
+  pairs[3] = ptx::mul_bf16x2_by_half<kGroup>(pairs[3], m.row_g8);
 }
 
 // One lane's fragments of weight block `block` (16 rows x 64 k) in a pipeline stage: its code
-// word per 16-k step (fragment order, expert_layout.cuh) and the bf16 multipliers of its two
-// k-groups (scale_multipliers).
+// word per 16-k step (fragment order, expert_layout.cuh) and its multipliers.
 __device__ __forceinline__ void load_block_fragments(const uint8_t* s_codes, const uint8_t* s_scales, int block,
-                                                     int lane, uint4& code, uint32_t (&mult)[2]) {
+                                                     int lane, uint4& code, BlockMultipliers& mult) {
   code = ptx::ld_shared_v4(s_codes + block * layout::kBlockCodeBytes + lane * 16);
-  const uint32_t sw = ptx::ld_shared_u32(s_scales + block * layout::kBlockScaleBytes + (lane / 4) * 4);
-  mult[0] = scale_multipliers(sw, 0);
-  mult[1] = scale_multipliers(sw, 1);
+  mult = scale_multipliers(ptx::ld_shared_u32(s_scales + block * layout::kBlockScaleBytes + (lane / 4) * 4));
 }
 
-// The A registers of 16-k step kk (0..3) of such a block: widened, scaled.
-__device__ __forceinline__ void widen_step(const uint4& code, const uint32_t (&mult)[2], int kk, uint32_t (&afrag)[4]) {
+// The A registers of 16-k step kk (0..3) of such a block: widened, scaled (k-group kk / 2).
+__device__ __forceinline__ void widen_step(const uint4& code, const BlockMultipliers& mult, int kk,
+                                           uint32_t (&afrag)[4]) {
   const uint32_t word = kk == 0 ? code.x : kk == 1 ? code.y : kk == 2 ? code.z : code.w;
   widen_codes(word, afrag);
-  scale_pairs(afrag, mult[kk / 2]);
+  if (kk < 2) scale_pairs<0>(afrag, mult);
+  else scale_pairs<1>(afrag, mult);
 }
 
 // v rounded to the MXFP8 value of its group (E8M0 scale s), held exactly by a float: the
@@ -63,14 +67,7 @@ __device__ __forceinline__ void widen_step(const uint4& code, const uint32_t (&m
 // codes of formats.h's float_to_e4m3 (tests/gpu/test_mxfp8_rounding.cu checks every case class),
 // and E4M3 widens exactly through f16.
 __device__ __forceinline__ float round_to_mxfp8(float v, uint8_t s) {
-  const float scaled = scale_down_by_e8m0(v, s);
-  uint16_t code;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(code) : "f"(0.0f), "f"(scaled));
-  uint32_t halves;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(halves) : "h"(code));
-  float widened;
-  asm("cvt.f32.f16 %0, %1;\n" : "=f"(widened) : "h"(uint16_t(halves & 0xFFFFu)));
-  return widened * e8m0_to_float(s);
+  return ptx::widen_e4m3x2(ptx::cvt_e4m3x2(scale_down_by_e8m0(v, s), 0.0f)).x * e8m0_to_float(s);
 }
 
 }  // namespace k3moe::kernels

@@ -54,11 +54,36 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two bf16 products, round-to-nearest-even (sm_90).
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+// Both bf16 halves of a times half kHalf of b (0: the low 16 bits), round-to-nearest-even. The
+// broadcast is a PTX pack, which ptxas folds into the multiply's operand (.H0_H0 / .H1_H1).
+template <int kHalf>
+__device__ __forceinline__ uint32_t mul_bf16x2_by_half(uint32_t a, uint32_t b) {
+  static_assert(kHalf == 0 || kHalf == 1);
   uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  if constexpr (kHalf == 0)
+    asm("{\n.reg .b16 lo, hi;\n.reg .b32 both;\nmov.b32 {lo, hi}, %2;\nmov.b32 both, {lo, lo};\n"
+        "mul.rn.bf16x2 %0, %1, both;\n}\n" : "=r"(d) : "r"(a), "r"(b));
+  else
+    asm("{\n.reg .b16 lo, hi;\n.reg .b32 both;\nmov.b32 {lo, hi}, %2;\nmov.b32 both, {hi, hi};\n"
+        "mul.rn.bf16x2 %0, %1, both;\n}\n" : "=r"(d) : "r"(a), "r"(b));
   return d;
+}
+
+// Two E4M3 codes, round to nearest even, saturating to +-448, NaN kept; lo's in the low byte.
+__device__ __forceinline__ uint16_t cvt_e4m3x2(float lo, float hi) {
+  uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(hi), "f"(lo));
+  return pair;
+}
+
+// The two E4M3 codes of `pair` as floats (exact: E4M3 widens through f16); x from the low byte.
+__device__ __forceinline__ float2 widen_e4m3x2(uint16_t pair) {
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(halves) : "h"(pair));
+  float2 v;
+  asm("cvt.f32.f16 %0, %1;\n" : "=f"(v.x) : "h"(uint16_t(halves & 0xFFFFu)));
+  asm("cvt.f32.f16 %0, %1;\n" : "=f"(v.y) : "h"(uint16_t(halves >> 16)));
+  return v;
 }
 
 // Lanes below this one, as a mask (for ranking within a warp).
@@ -117,6 +142,7 @@ __device__ __forceinline__ void cp_async_bulk_g2s(void* smem_dst, const void* gm
                "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
 }
+
 
 }  // namespace k3moe::ptx
 
