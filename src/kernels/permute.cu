@@ -1,8 +1,11 @@
-// One CTA (4 warps for a few slots, 32 for many). Warp w owns a contiguous range of slots. Pass 1 counts, per warp and local
-// expert, the warp's slots (a round of 32 slots groups equal experts with match_any). The counts
-// are turned into each (warp, expert)'s first row: a prefix over warps per expert, plus the
-// expert's offset from a block-wide scan. Pass 2 walks the same slots again and hands out rows:
-// base of (warp, expert) + rank among the round's lanes of that expert.
+// Two kernels of one computation, both one CTA. Up to kWarpSlots slots (decode), one warp keeps
+// every slot's local expert in registers and replaces the block's barriers and scans with warp
+// shuffles. Beyond, 4 warps (up to 4096 slots) or 32: warp w owns a contiguous range of slots.
+// Pass 1 counts, per warp and local expert, the warp's slots (a round of 32 slots groups equal
+// experts with match_any). The counts are turned into each (warp, expert)'s first row: a prefix
+// over warps per expert, plus the expert's offset from a block-wide scan. Pass 2 walks the same
+// slots again and hands out rows: base of (warp, expert) + rank among the round's lanes of that
+// expert. Both give rows in slot order within each expert: the same outputs.
 #include "kernels/permute.cuh"
 
 #include <cub/block/block_scan.cuh>
@@ -124,6 +127,78 @@ __global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
   }
 }
 
+constexpr int kWarpSlots = 512;
+constexpr int kWarpRounds = kWarpSlots / 32;
+
+__global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
+  extern __shared__ int32_t next_row[];  // [num_local]: counts, then each expert's next row
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+  const int lane = threadIdx.x;
+  const int slots = a.tokens * a.top_k;
+  int local[kWarpRounds];  // slot 32 i + lane's local expert, -1 if none
+#pragma unroll
+  for (int i = 0; i < kWarpRounds; ++i) local[i] = 32 * i + lane < slots ? local_of(a, a.ids[32 * i + lane]) : -1;
+  for (int e = lane; e < a.num_local; e += 32) next_row[e] = 0;
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kWarpRounds; ++i) {
+    if (32 * i >= slots) break;
+    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, local[i]);
+    if (local[i] >= 0 && (peers & ptx::lanemask_lt()) == 0) next_row[local[i]] += __popc(peers);
+    __syncwarp();
+  }
+
+  // Experts 32 at a time: inclusive scans of rows and tiles give each expert's first row and
+  // first tile; its tiles go to the schedule.
+  int rows_before = 0, tiles_before = 0;
+  for (int e0 = 0; e0 < a.num_local; e0 += 32) {
+    const int e = e0 + lane;
+    const int count = e < a.num_local ? next_row[e] : 0;
+    const int tiles = (count + a.tile_rows - 1) / a.tile_rows;
+    int rows_incl = count, tiles_incl = tiles;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int r = __shfl_up_sync(0xFFFFFFFFu, rows_incl, offset), t = __shfl_up_sync(0xFFFFFFFFu, tiles_incl, offset);
+      if (lane >= offset) {
+        rows_incl += r;
+        tiles_incl += t;
+      }
+    }
+    const int first_row = rows_before + rows_incl - count, first_tile = tiles_before + tiles_incl - tiles;
+    if (e < a.num_local) {
+      a.expert_offset[e] = first_row;
+      next_row[e] = first_row;
+      for (int t = 0; t < tiles; ++t)
+        a.tile_info[first_tile + t] =
+            make_int4(e, first_row + t * a.tile_rows, min(a.tile_rows, count - t * a.tile_rows), 0);
+    }
+    rows_before += __shfl_sync(0xFFFFFFFFu, rows_incl, 31);
+    tiles_before += __shfl_sync(0xFFFFFFFFu, tiles_incl, 31);
+  }
+  if (lane == 0) {
+    a.expert_offset[a.num_local] = rows_before;
+    *a.num_tiles = tiles_before;
+    a.unit_counters[0] = a.unit_counters[1] = 0;
+  }
+  __syncwarp();
+
+#pragma unroll
+  for (int i = 0; i < kWarpRounds; ++i) {
+    if (32 * i >= slots) break;
+    const int slot = 32 * i + lane;
+    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, local[i]);
+    const int32_t row = local[i] >= 0 ? next_row[local[i]] + __popc(peers & ptx::lanemask_lt()) : -1;
+    __syncwarp();
+    if (local[i] >= 0 && (peers & ptx::lanemask_lt()) == 0) next_row[local[i]] += __popc(peers);
+    __syncwarp();
+    if (slot < slots) {
+      a.slot_row[slot] = row;
+      if (row >= 0) a.row_token[row] = slot / a.top_k;
+    }
+  }
+}
+
 int smem_bytes(int threads, int num_local) { return threads / 32 * num_local * int(sizeof(int32_t)); }
 
 }  // namespace
@@ -133,8 +208,13 @@ void configure_permute_kernel() {
                                         smem_bytes(kLargeThreads, kPermuteMaxLocalExperts)));
 }
 
-void launch_permute(const PermuteArgs& args, cudaStream_t stream) {
-  if (int64_t(args.tokens) * args.top_k <= kSmallSlots) {
+void launch_permute(const PermuteArgs& args, cudaStream_t stream, PermuteKernel kernel) {
+  const int64_t slots = int64_t(args.tokens) * args.top_k;
+  K3MOE_CHECK(kernel != PermuteKernel::Warp || slots <= kWarpSlots, "the one-warp permutation takes up to ",
+              kWarpSlots, " slots, got ", slots);
+  if (kernel == PermuteKernel::Warp || (kernel == PermuteKernel::Auto && slots <= kWarpSlots)) {
+    launch_dependent(permute_warp_kernel, 1, 32, smem_bytes(32, args.num_local), stream, args);
+  } else if (slots <= kSmallSlots) {
     launch_dependent(permute_kernel<kSmallThreads>, 1, kSmallThreads, smem_bytes(kSmallThreads, args.num_local), stream,
                      args);
   } else {

@@ -1,5 +1,6 @@
 // Stage kernels against their host definitions, bit for bit: routing (route_reference), MXFP8
-// quantization (quantize_mxfp8) and the combine's two thread mappings, on random and hostile inputs.
+// quantization (quantize_mxfp8), the permutation's two kernels and the combine's two thread
+// mappings, on random and hostile inputs.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include "k3moe/quantize.h"
 #include "k3moe/reference.h"
 #include "kernels/combine.cuh"
+#include "kernels/permute.cuh"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
 
@@ -163,6 +165,83 @@ TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
           << "token " << token << ", output " << h << ": host " << t[0] << ", kernel " << bf16_bits_to_float(got);
     }
   }
+}
+
+TEST(PermuteKernel, WarpAndBlockKernelsGiveTheHostSchedule) {
+  K3MOE_REQUIRE_GPU();
+  kernels::configure_permute_kernel();
+  struct Case {
+    int tokens, top_k, first_expert, num_local, tile_rows;
+  };
+  // Decode shapes of one rank, up to the warp kernel's 512 slots; ids include -1, other ranks'
+  // experts and values outside [0, 896).
+  for (const Case c : {Case{1, 16, 28, 28, 8}, Case{8, 16, 0, 28, 8}, Case{32, 16, 56, 56, 16}, Case{32, 16, 0, 28, 32},
+                       Case{5, 3, 2, 40, 8}}) {
+    const int slots = c.tokens * c.top_k;
+    std::mt19937_64 rng(uint64_t(slots) * 31 + c.num_local);
+    std::vector<int32_t> ids(static_cast<size_t>(slots));
+    for (auto& id : ids) {
+      const uint64_t r = rng() % 10;
+      id = r == 0 ? -1 : r == 1 ? int32_t(900 + rng() % 100) : r < 6 ? int32_t(c.first_expert + rng() % 5)
+                                                                     : int32_t(rng() % 896);
+    }
+    // The host's schedule: each local expert's rows in slot order.
+    std::vector<std::vector<int>> by_expert(size_t(c.num_local));
+    for (int s = 0; s < slots; ++s)
+      if (ids[s] >= c.first_expert && ids[s] < c.first_expert + c.num_local) by_expert[ids[s] - c.first_expert].push_back(s);
+    std::vector<int32_t> want_offset{0}, want_row_token, want_slot_row(size_t(slots), -1);
+    std::vector<int4> want_tiles;
+    for (int e = 0; e < c.num_local; ++e) {
+      const int first = want_offset.back(), count = int(by_expert[e].size());
+      for (int i = 0; i < count; ++i) {
+        want_slot_row[by_expert[e][i]] = first + i;
+        want_row_token.push_back(by_expert[e][i] / c.top_k);
+      }
+      for (int t = 0; t * c.tile_rows < count; ++t)
+        want_tiles.push_back({e, first + t * c.tile_rows, std::min(c.tile_rows, count - t * c.tile_rows), 0});
+      want_offset.push_back(first + count);
+    }
+    for (auto kernel : {kernels::PermuteKernel::Warp, kernels::PermuteKernel::Block}) {
+      SCOPED_TRACE("T " + std::to_string(c.tokens) + " x " + std::to_string(c.top_k) + ", " +
+                   (kernel == kernels::PermuteKernel::Warp ? "warp" : "block") + " kernel");
+      DeviceBuffer d_ids = testing::to_device(ids);
+      DeviceBuffer offset(4 * (c.num_local + 1)), row_token(4 * slots), slot_row(4 * slots),
+          tiles(16 * kernels::max_tiles(slots, c.num_local, c.tile_rows)), num_tiles(4);
+      DeviceBuffer counters = testing::to_device(std::vector<int>{7, 9});
+      kernels::PermuteArgs a;
+      a.ids = d_ids.get<int32_t>();
+      a.tokens = c.tokens;
+      a.top_k = c.top_k;
+      a.first_expert = c.first_expert;
+      a.num_local = c.num_local;
+      a.expert_offset = offset.get<int32_t>();
+      a.row_token = row_token.get<int32_t>();
+      a.slot_row = slot_row.get<int32_t>();
+      a.tile_rows = c.tile_rows;
+      a.tile_info = tiles.get<int4>();
+      a.num_tiles = num_tiles.get<int32_t>();
+      a.unit_counters = counters.get<int>();
+      kernels::launch_permute(a, nullptr, kernel);
+      K3MOE_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(testing::to_host<int32_t>(offset), want_offset);
+      EXPECT_EQ(testing::to_host<int32_t>(slot_row), want_slot_row);
+      std::vector<int32_t> got_row_token = testing::to_host<int32_t>(row_token);
+      got_row_token.resize(want_row_token.size());
+      EXPECT_EQ(got_row_token, want_row_token);
+      ASSERT_EQ(testing::to_host<int32_t>(num_tiles)[0], int32_t(want_tiles.size()));
+      const std::vector<int4> got_tiles = testing::to_host<int4>(tiles);
+      for (size_t t = 0; t < want_tiles.size(); ++t)
+        EXPECT_TRUE(got_tiles[t].x == want_tiles[t].x && got_tiles[t].y == want_tiles[t].y &&
+                    got_tiles[t].z == want_tiles[t].z)
+            << "tile " << t;
+      EXPECT_EQ(testing::to_host<int>(counters), (std::vector<int>{0, 0}));
+    }
+  }
+  // The warp kernel refuses what it cannot hold.
+  kernels::PermuteArgs big;
+  big.tokens = 33;
+  big.top_k = 16;
+  EXPECT_THROW(kernels::launch_permute(big, nullptr, kernels::PermuteKernel::Warp), Error);
 }
 
 }  // namespace
