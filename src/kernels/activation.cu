@@ -1,6 +1,6 @@
-// One thread per (row, output j); a warp holds 32 consecutive outputs of a row, one MX group, so
-// the group's amax is a warp reduction. The splits' partial sums are loaded together, then added
-// in split order.
+// One thread per 4 consecutive outputs of a row; 8 threads hold 32 outputs, one MX group, so the
+// group's amax is a reduction over 8 lanes. The splits' partial sums are loaded a few splits at a
+// time and added in split order.
 #include "kernels/activation.cuh"
 
 #include <algorithm>
@@ -17,44 +17,70 @@ namespace k3moe::kernels {
 namespace {
 
 constexpr int kGroup = 32;
+constexpr int kVector = 4;                     // outputs per thread
+constexpr int kGroupLanes = kGroup / kVector;  // threads per MX group
 constexpr int kThreads = 256;
+constexpr int kLoadBatch = 4;  // splits loaded together (8 float4 in flight per thread)
+
+__device__ __forceinline__ void add4(float4& a, const float4& b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+}
 
 __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) {
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   // NOTE: a grid of a few waves strides over the rows in use (the grid is sized without knowing
-  // how many of the T K slots are local). Whole warps leave together (I is a multiple of 32):
+  // how many of the T K slots are local). Whole warps leave together (I / 4 is a multiple of 32):
   // the shuffles below see all 32 lanes.
-  const int64_t used = int64_t(a.expert_offset[a.num_local]) * a.intermediate;
+  const int quads = a.intermediate / kVector;
+  const int64_t used = int64_t(a.expert_offset[a.num_local]) * quads;
   for (int64_t index = int64_t(blockIdx.x) * kThreads + threadIdx.x; index < used;
        index += int64_t(gridDim.x) * kThreads) {
-  const int64_t row = index / a.intermediate;
-  const int j = int(index % a.intermediate);
-  float gate[kMaxActivationSplits], up[kMaxActivationSplits];
-  const float* h = a.h + row * 2 * a.intermediate + j;
+    const int64_t row = index / quads;
+    const int j = int(index % quads) * kVector;
+    const float* h = a.h + row * 2 * a.intermediate + j;
+    float4 g, u;
+    for (int s0 = 0; s0 < a.splits; s0 += kLoadBatch) {
+      float4 gate[kLoadBatch], up[kLoadBatch];
 #pragma unroll
-  for (int s = 0; s < kMaxActivationSplits; ++s)
-    if (s < a.splits) {
-      gate[s] = h[s * a.split_stride];
-      up[s] = h[s * a.split_stride + a.intermediate];
+      for (int b = 0; b < kLoadBatch; ++b)
+        if (s0 + b < a.splits) {
+          gate[b] = *reinterpret_cast<const float4*>(h + (s0 + b) * a.split_stride);
+          up[b] = *reinterpret_cast<const float4*>(h + (s0 + b) * a.split_stride + a.intermediate);
+        }
+#pragma unroll
+      for (int b = 0; b < kLoadBatch; ++b)
+        if (s0 + b < a.splits) {
+          if (s0 + b == 0) {
+            g = gate[0];
+            u = up[0];
+          } else {
+            add4(g, gate[b]);
+            add4(u, up[b]);
+          }
+        }
     }
-  float g = gate[0], u = up[0];
+    float v[kVector] = {fast_activation(a.activation, a.params, g.x, u.x),
+                        fast_activation(a.activation, a.params, g.y, u.y),
+                        fast_activation(a.activation, a.params, g.z, u.z),
+                        fast_activation(a.activation, a.params, g.w, u.w)};
+    if (a.mode == Mode::Mxfp8) {
+      uint32_t amax_bits = 0;  // |v| as bits: NaN orders above Inf
 #pragma unroll
-  for (int s = 1; s < kMaxActivationSplits; ++s)
-    if (s < a.splits) {
-      g += gate[s];
-      u += up[s];
+      for (int i = 0; i < kVector; ++i) amax_bits = max(amax_bits, float_bits(v[i]) & 0x7FFFFFFFu);
+#pragma unroll
+      for (int offset = 1; offset < kGroupLanes; offset *= 2)
+        amax_bits = max(amax_bits, __shfl_xor_sync(0xFFFFFFFFu, amax_bits, offset));
+      const uint8_t s = mx_scale_round_up(bits_float(amax_bits), kE4M3Max);
+#pragma unroll
+      for (int i = 0; i < kVector; ++i) v[i] = round_to_mxfp8(v[i], s);
     }
-  float v = fast_activation(a.activation, a.params, g, u);
-  if (a.mode == Mode::Mxfp8) {
-    uint32_t amax_bits = float_bits(v) & 0x7FFFFFFFu;  // |v| as bits: NaN orders above Inf
-#pragma unroll
-    for (int offset = 1; offset < kGroup; offset *= 2)
-      amax_bits = max(amax_bits, __shfl_xor_sync(0xFFFFFFFFu, amax_bits, offset));
-    const uint8_t s = mx_scale_round_up(bits_float(amax_bits), kE4M3Max);
-    v = round_to_mxfp8(v, s);
-  }
-  a.inter[row * a.intermediate + j] = float_to_bf16_bits(v);
+    const uint2 packed{uint32_t(float_to_bf16_bits(v[0])) | (uint32_t(float_to_bf16_bits(v[1])) << 16),
+                       uint32_t(float_to_bf16_bits(v[2])) | (uint32_t(float_to_bf16_bits(v[3])) << 16)};
+    *reinterpret_cast<uint2*>(a.inter + row * a.intermediate + j) = packed;
   }
 }
 
@@ -63,7 +89,9 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) 
 void launch_activation(const ActivationArgs& args, cudaStream_t stream) {
   K3MOE_CHECK(args.splits >= 1 && args.splits <= kMaxActivationSplits, "activation stage: ", args.splits,
               " splits, at most ", kMaxActivationSplits);
-  const int64_t threads = int64_t(args.max_rows) * args.intermediate;
+  K3MOE_CHECK(args.intermediate % (32 * kVector) == 0, "activation stage: I = ", args.intermediate,
+              " must be a multiple of ", 32 * kVector);
+  const int64_t threads = int64_t(args.max_rows) * (args.intermediate / kVector);
   if (threads == 0) return;
   const int64_t blocks = std::min<int64_t>((threads + kThreads - 1) / kThreads, int64_t(args.sm_count) * 8);
   launch_dependent(activation_kernel, dim3(unsigned(blocks)), kThreads, 0, stream, args);
