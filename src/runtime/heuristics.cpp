@@ -89,13 +89,16 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   const double tiles = k.expected_active_experts * std::max(1.0, std::ceil(rows / tile_rows));
   const double target = double(sm_count) * kernels::gemm_ctas_per_sm(k.token_tile);
   const int rows_per_cta = kernels::kGemmRowsPerCta;
-  // NOTE: GEMM1's ranges add the activation stage and 2I fp32 per row and range. Between one and
-  // four waves of units, two ranges halve the tail (measured: local28 T = 8 and 32, -6 % and -15 %).
+  // NOTE: GEMM1's ranges add the activation stage and 2I fp32 per row and range. From two waves of
+  // units K stays whole (measured: ep16 T = 256 276.9 us against 283.1 with two ranges); between
+  // one and two, two ranges shorten the tail, which late units run on SMs that other CTAs have left
+  // (ep32 T = 64 mxfp8, 1.2 waves: 119 us with two ranges, 129-138 with K whole; bench/NOTES.md,
+  // Session 7).
   const double units1 = tiles * std::ceil(2.0 * c.intermediate / rows_per_cta);
   const int chunks1 = c.hidden / kernels::kGemmChunkK;
-  k.gemm1_splits = units1 >= target && units1 < 4.0 * target
-                       ? std::min(2, chunks1)
-                       : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5, 0.0);
+  k.gemm1_splits = units1 >= 2.0 * target ? 1
+                   : units1 >= target     ? std::min(2, chunks1)
+                                          : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5, 0.0);
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
                                  c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25, 2.0);
   return k;
