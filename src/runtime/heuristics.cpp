@@ -89,14 +89,14 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   const double tiles = k.expected_active_experts * std::max(1.0, std::ceil(rows / tile_rows));
   const double target = double(sm_count) * kernels::gemm_ctas_per_sm(k.token_tile);
   const int rows_per_cta = kernels::kGemmRowsPerCta;
-  // NOTE: GEMM1's ranges add the activation stage and 2I fp32 per row and range. From two waves of
-  // units K stays whole (measured: ep16 T = 256 276.9 us against 283.1 with two ranges); between
-  // one and two, two ranges shorten the tail, which late units run on SMs that other CTAs have left
-  // (ep32 T = 64 mxfp8, 1.2 waves: 119 us with two ranges, 129-138 with K whole; bench/NOTES.md,
-  // Session 7).
+  // NOTE: GEMM1's ranges add the activation stage and 2I fp32 per row and range. From 1.5 waves of
+  // units K stays whole (measured: ep16 T = 256, 3.4 waves, 276.9 us against 283.1 with two ranges;
+  // local28 T = 8, 1.7 waves, 143.7-144.6 against 145.9-146.3); below, two ranges shorten the tail,
+  // which late units run on SMs that other CTAs have left (ep32 T = 64 mxfp8, 1.2 waves: 119 us
+  // with two ranges, 129-138 with K whole; bench/NOTES.md, Session 7).
   const double units1 = tiles * std::ceil(2.0 * c.intermediate / rows_per_cta);
   const int chunks1 = c.hidden / kernels::kGemmChunkK;
-  k.gemm1_splits = units1 >= 2.0 * target ? 1
+  k.gemm1_splits = units1 >= 1.5 * target ? 1
                    : units1 >= target     ? std::min(2, chunks1)
                                           : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5, 0.0);
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),

@@ -45,10 +45,11 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(one.gemm_warps, 4);
   EXPECT_EQ(one.gemm1_splits, 1);
   EXPECT_GE(one.gemm2_splits * 16 * 14, 2 * 396);
-  // T = 8: 27.5 expected experts x 24 GEMM1 units are 1.7 waves of the CTAs: two K ranges shorten
-  // the tail. EP16 T = 256: 55 experts, 3.4 waves: K whole, no activation stage.
-  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 8, 132).gemm1_splits, 2);
+  // GEMM1's K: whole from 1.5 waves of units (T = 8: 27.5 expected experts x 24 units, 1.7 waves;
+  // EP16 T = 256: 55 experts, 3.4 waves), two ranges below (EP32 T = 64: 19 experts, 1.2 waves).
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 8, 132).gemm1_splits, 1);
   EXPECT_EQ(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{16, 0}, 256, 132).gemm1_splits, 1);
+  EXPECT_EQ(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{32, 0}, 64, 132).gemm1_splits, 2);
   // Prefill: the wgmma kernel, K whole, with the smallest tile that holds an expert's rows.
   const KernelChoice big = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132);
   EXPECT_EQ(big.token_tile, kernels::TokenTile::Wg128);
