@@ -143,7 +143,6 @@ __device__ __forceinline__ void cp_async_bulk_g2s(void* smem_dst, const void* gm
                : "memory");
 }
 
-
 }  // namespace k3moe::ptx
 
 namespace k3moe::ptx {
