@@ -19,14 +19,18 @@ constexpr int kPiece = 8;                       // values per quantizing thread
 constexpr int kPieceLanes = kGroup / kPiece;    // threads per group
 constexpr int kThreads = 256;
 
+// Two E4M3 codes (the lower value in the low byte) times the group's scale, as one bf16x2 word.
+__device__ __forceinline__ uint32_t dequantize_pair(uint16_t pair, float scale) {
+  const float2 v = ptx::widen_e4m3x2(pair);
+  return uint32_t(float_to_bf16_bits(v.x * scale)) | (uint32_t(float_to_bf16_bits(v.y * scale)) << 16);
+}
+
 __device__ __forceinline__ void store_dequantized(const uint8_t (&codes)[kGroup], uint8_t s, uint16_t* out) {
   uint4 packed[4];
   uint32_t* words = reinterpret_cast<uint32_t*>(packed);
   const float scale = e8m0_to_float(s);
 #pragma unroll
-  for (int i = 0; i < kGroup / 2; ++i)
-    words[i] = uint32_t(float_to_bf16_bits(e4m3_to_float(codes[2 * i]) * scale)) |
-               (uint32_t(float_to_bf16_bits(e4m3_to_float(codes[2 * i + 1]) * scale)) << 16);
+  for (int i = 0; i < kGroup / 2; ++i) words[i] = dequantize_pair(uint16_t(codes[2 * i] | (codes[2 * i + 1] << 8)), scale);
 #pragma unroll
   for (int v = 0; v < 4; ++v) reinterpret_cast<uint4*>(out)[v] = packed[v];
 }
@@ -56,8 +60,7 @@ __device__ __forceinline__ void quantize_piece(const uint16_t* x, int64_t piece,
 #pragma unroll
   for (int i = 0; i < kPiece / 2; ++i) {
     pairs[i] = ptx::cvt_e4m3x2(scale_down_by_e8m0(values[2 * i], s), scale_down_by_e8m0(values[2 * i + 1], s));
-    const float2 v = ptx::widen_e4m3x2(pairs[i]);
-    widened[i] = uint32_t(float_to_bf16_bits(v.x * scale)) | (uint32_t(float_to_bf16_bits(v.y * scale)) << 16);
+    widened[i] = dequantize_pair(pairs[i], scale);
   }
   reinterpret_cast<uint2*>(out.codes)[piece] = make_uint2(uint32_t(pairs[0]) | (uint32_t(pairs[1]) << 16),
                                                           uint32_t(pairs[2]) | (uint32_t(pairs[3]) << 16));

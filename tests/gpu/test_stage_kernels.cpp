@@ -13,6 +13,7 @@
 #include "k3moe/reference.h"
 #include "kernels/combine.cuh"
 #include "kernels/permute.cuh"
+#include "kernels/quantize_mxfp8.cuh"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
 
@@ -115,6 +116,32 @@ TEST(QuantizeMxfp8Kernel, EqualsHostQuantizerBitwise) {
   K3MOE_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(codes.download<uint8_t>(), want.codes);
   EXPECT_EQ(scales.download<uint8_t>(), want.scales);
+}
+
+TEST(DequantizeMxfp8Kernel, EveryCodeTimesEveryKindOfScaleEqualsTheHost) {
+  K3MOE_REQUIRE_GPU();
+  // Every E4M3 code (NaN included) in every group, under scales from the smallest to NaN.
+  const std::vector<uint8_t> scale_values = {0, 1, 100, 120, 127, 128, 135, 200, 254, 255};
+  const int groups_per_token = 8, H = 32 * groups_per_token;
+  const int T = int(scale_values.size()) * 256 / H * 8;  // every code under every scale
+  std::vector<uint8_t> codes(size_t(T) * H), scales(size_t(T) * groups_per_token);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t(i % 256);
+  for (size_t g = 0; g < scales.size(); ++g) scales[g] = scale_values[g / 8 % scale_values.size()];
+  DeviceBuffer d_codes = testing::to_device(codes), d_scales = testing::to_device(scales);
+  DeviceBuffer d_out(codes.size() * 2);
+  kernels::launch_dequantize_mxfp8(d_codes.get<uint8_t>(), d_scales.get<uint8_t>(), T, H, d_out.get<uint16_t>(),
+                                   nullptr);
+  K3MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = testing::to_host<uint16_t>(d_out);
+  for (size_t i = 0; i < codes.size(); ++i) {
+    const float want = e4m3_to_float(codes[i]) * e8m0_to_float(scales[i / 32]);
+    const float value = bf16_bits_to_float(got[i]);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(value)) << "code " << int(codes[i]) << " scale " << int(scales[i / 32]);
+    } else {
+      ASSERT_EQ(got[i], float_to_bf16_bits(want)) << "code " << int(codes[i]) << " scale " << int(scales[i / 32]);
+    }
+  }
 }
 
 TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
