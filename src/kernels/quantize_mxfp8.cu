@@ -30,7 +30,8 @@ __device__ __forceinline__ void store_dequantized(const uint8_t (&codes)[kGroup]
   uint32_t* words = reinterpret_cast<uint32_t*>(packed);
   const float scale = e8m0_to_float(s);
 #pragma unroll
-  for (int i = 0; i < kGroup / 2; ++i) words[i] = dequantize_pair(uint16_t(codes[2 * i] | (codes[2 * i + 1] << 8)), scale);
+  for (int i = 0; i < kGroup / 2; ++i)
+    words[i] = dequantize_pair(uint16_t(codes[2 * i] | (codes[2 * i + 1] << 8)), scale);
 #pragma unroll
   for (int v = 0; v < 4; ++v) reinterpret_cast<uint4*>(out)[v] = packed[v];
 }

@@ -123,7 +123,7 @@ TEST(DequantizeMxfp8Kernel, EveryCodeTimesEveryKindOfScaleEqualsTheHost) {
   // Every E4M3 code (NaN included) in every group, under scales from the smallest to NaN.
   const std::vector<uint8_t> scale_values = {0, 1, 100, 120, 127, 128, 135, 200, 254, 255};
   const int groups_per_token = 8, H = 32 * groups_per_token;
-  const int T = int(scale_values.size()) * 256 / H * 8;  // every code under every scale
+  const int T = int(scale_values.size()) * 256 / H;  // 8 groups of 32 codes per scale
   std::vector<uint8_t> codes(size_t(T) * H), scales(size_t(T) * groups_per_token);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t(i % 256);
   for (size_t g = 0; g < scales.size(); ++g) scales[g] = scale_values[g / 8 % scale_values.size()];
