@@ -4,11 +4,12 @@
 // 8-wide B side, so one token does not waste a 64-row tile. A unit of work is 256 weight rows
 // (4 warps x 4 m-tiles, or 8 x 2) of one expert, one tile of 8/16/32 of that expert's token rows
 // and one range of K; persistent CTAs take units from a counter and stream K in chunks of 128
-// through one 3- or 4-stage pipeline that runs across units: per stage the weight blocks (already
-// in fragment order, expert_layout.cuh) and their scales by two bulk copies, and the token rows
-// (gathered by token id for GEMM1) by cp.async. Each lane widens its own codes to bf16 in
-// registers with the E8M0 scale folded in by one bf16 multiply (exact: a power of two times an
-// E2M1 value), then issues the mma.
+// through one pipeline of 3 to 8 stages that runs across units. A producer warp fills each stage:
+// the weight blocks (already in fragment order, expert_layout.cuh) and their scales by two bulk
+// copies, the token rows (gathered by token id for GEMM1) by cp.async, all completing on the
+// stage's full barrier; the consumer warps release it on its empty barrier, each at its own pace.
+// Each consumer lane widens its own codes to bf16 in registers with the E8M0 scale folded in by
+// one bf16 multiply (exact: a power of two times an E2M1 value), then issues the mma.
 //
 // Epilogues store from the accumulators:
 //   GEMM1: out j = act(h_gate, h_up) (gate and up of one j sit in one lane by the W13 row order),
@@ -35,17 +36,19 @@ template <int kNT_, int kWarps_>
 struct Tile {
   static constexpr int kNT = kNT_;  // mma n-tiles (8 tokens each) per warp
   static constexpr int kTokens = 8 * kNT;
-  static constexpr int kWarps = kWarps_;
-  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWarps = kWarps_;  // consumer warps; one producer warp follows them
+  static constexpr int kConsumerThreads = 32 * kWarps;
+  static constexpr int kThreads = kConsumerThreads + 32;
   static constexpr int kMTiles = 16 / kWarps;  // m16 tiles per warp: 256 rows per CTA
   static constexpr int kRowBlocks = kWarps * kMTiles;
   static constexpr int kRowsPerCta = 16 * kRowBlocks;  // 256
   static constexpr int kChunkK = 128;
   static constexpr int kChunkBlocks = kChunkK / layout::kBlockK;
   // NOTE: three stages (~60 KB) let three CTAs share an SM at 8 and 16 tokens, where latency
-  // hiding needs warps; at 32 tokens the tile is larger and two CTAs with four stages fit.
-  static constexpr int kStages = kNT == 4 ? 4 : 3;
-  static constexpr int kMinBlocksPerSm = kNT == 4 ? 2 : 3;
+  // hiding needs warps; at 32 tokens the tile is larger and two CTAs with four stages fit, or one
+  // CTA of 8 consumer warps (two would leave them 96 registers, and GEMM2 spills).
+  static constexpr int kStages = kNT == 4 ? (kWarps == 8 ? 8 : 4) : 3;
+  static constexpr int kMinBlocksPerSm = kNT == 4 ? (kWarps == 8 ? 1 : 2) : 3;
   // NOTE: 16 bytes of padding per row keep the 8 rows an ldmatrix reads in distinct banks.
   static constexpr int kActStride = kChunkK + 8;  // bf16 elements
   static constexpr int kCodeBytes = kRowBlocks * kChunkBlocks * layout::kBlockCodeBytes;
@@ -79,25 +82,28 @@ __device__ __forceinline__ Unit decode_unit(const ExpertGemmArgs& a, int u, int 
   return unit;
 }
 
-// What one thread copies into a pipeline stage for the chunks of one unit: thread 0 the unit's
-// weight blocks and scales of the chunk (one contiguous run each, expert_layout.cuh) by two bulk
-// copies that complete on the stage's mbarrier; every thread the same token-row pieces by
-// cp.async. The sources are resolved once per unit.
+// What the producer warp copies into a pipeline stage for the chunks of one unit: lane 0 the
+// unit's weight blocks and scales of the chunk (one contiguous run each, expert_layout.cuh) by two
+// bulk copies, every lane its token-row pieces by cp.async (lane l: 16-byte column l % 16 of rows
+// l / 16 + 2 i; rows past the tile are zeros). Both complete on the stage's full barrier. The
+// sources are resolved once per unit.
 template <class T>
 struct ChunkCopier {
-  static constexpr int kAllActPieces = T::kTokens * (T::kChunkK / 8);
-  static constexpr int kActPieces = (kAllActPieces + T::kThreads - 1) / T::kThreads;
-  static_assert(kAllActPieces % T::kThreads == 0 || kAllActPieces < T::kThreads);
+  static constexpr int kPiecesPerRow = T::kChunkK / 8;  // 16 bytes each
+  static constexpr int kRowsPerLane = T::kTokens * kPiecesPerRow / 32;
+  static_assert(kPiecesPerRow == 16 && T::kTokens % 2 == 0);
   static_assert(T::kChunkBlocks == layout::kChunkBlocks && T::kRowBlocks == layout::kGroupRowBlocks,
                 "a unit's chunk is one run of the layout");
 
   const uint8_t* code_src;  // chunk 0 of the unit's row group
   const uint8_t* scale_src;
   uint32_t code_bytes, scale_bytes;  // per chunk: the group's row blocks x 2 k-blocks
-  const uint16_t* act_src[kActPieces];
-  uint32_t act_valid;  // bit i: token row of piece i exists
+  // The lane's rows as offsets of their first piece in 16-byte pieces of the activations (32 bits:
+  // max_gemm_tokens bounds them); bit i of act_valid: the lane's row i exists.
+  uint32_t act_piece[kRowsPerLane];
+  uint32_t act_valid;
 
-  __device__ __forceinline__ void init(const ExpertGemmArgs& a, const Unit& unit) {
+  __device__ __forceinline__ void init(const ExpertGemmArgs& a, const Unit& unit, int lane) {
     const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
     const int group = unit.row0 / T::kRowsPerCta;
     const int64_t first_block = int64_t(unit.expert) * n_blocks * k_blocks +
@@ -109,34 +115,33 @@ struct ChunkCopier {
     scale_bytes = blocks * layout::kBlockScaleBytes;
     act_valid = 0;
 #pragma unroll
-    for (int i = 0; i < kActPieces; ++i) {
-      const int piece = threadIdx.x + i * T::kThreads;
-      const int r = piece / (T::kChunkK / 8), col = (piece % (T::kChunkK / 8)) * 8;
-      const bool valid = piece < kAllActPieces && r < unit.tile_count;
-      const int64_t src_row = !valid ? 0 : a.row_token ? a.row_token[unit.tile_row0 + r] : unit.tile_row0 + r;
-      act_src[i] = a.act + src_row * a.K + col;
+    for (int i = 0; i < kRowsPerLane; ++i) {
+      const int r = lane / kPiecesPerRow + 2 * i;
+      const bool valid = r < unit.tile_count;
+      const int src_row = !valid ? 0 : a.row_token ? a.row_token[unit.tile_row0 + r] : unit.tile_row0 + r;
+      act_piece[i] = uint32_t(src_row) * uint32_t(a.K / 8) + lane % kPiecesPerRow;
       act_valid |= uint32_t(valid) << i;
     }
   }
 
-  // NOTE: row blocks past a partial group keep stale bytes: they only feed weight rows that are
-  // never stored.
+  // Lane 0. NOTE: row blocks past a partial group keep stale bytes: they only feed weight rows
+  // that are never stored.
   __device__ __forceinline__ void weights(uint8_t* stage, int chunk, uint64_t* full) const {
-    if (threadIdx.x != 0) return;
     ptx::mbarrier_arrive_expect_tx(full, code_bytes + scale_bytes);
     ptx::cp_async_bulk_g2s(stage, code_src + int64_t(chunk) * code_bytes, code_bytes, full);
     ptx::cp_async_bulk_g2s(stage + T::kCodeBytes, scale_src + int64_t(chunk) * scale_bytes, scale_bytes, full);
   }
 
-  __device__ __forceinline__ void activations(uint8_t* stage, int chunk) const {
-    uint16_t* s_act = reinterpret_cast<uint16_t*>(stage + T::kCodeBytes + T::kScaleBytes);
+  // Every lane; its arrival on `full` comes when its copies have landed.
+  __device__ __forceinline__ void activations(const ExpertGemmArgs& a, uint8_t* stage, int chunk, int lane,
+                                              uint64_t* full) const {
+    uint16_t* s_act = reinterpret_cast<uint16_t*>(stage + T::kCodeBytes + T::kScaleBytes) +
+                      (lane / kPiecesPerRow) * T::kActStride + (lane % kPiecesPerRow) * 8;
+    const uint4* src = reinterpret_cast<const uint4*>(a.act) + chunk * kPiecesPerRow;
 #pragma unroll
-    for (int i = 0; i < kActPieces; ++i) {
-      const int piece = threadIdx.x + i * T::kThreads;
-      if (kAllActPieces % T::kThreads != 0 && piece >= kAllActPieces) break;
-      const int r = piece / (T::kChunkK / 8), col = (piece % (T::kChunkK / 8)) * 8;
-      ptx::cp_async_16(s_act + r * T::kActStride + col, act_src[i] + chunk * T::kChunkK, (act_valid >> i & 1) ? 16 : 0);
-    }
+    for (int i = 0; i < kRowsPerLane; ++i)
+      ptx::cp_async_16(s_act + 2 * i * T::kActStride, src + act_piece[i], (act_valid >> i & 1) ? 16 : 0);
+    ptx::cp_async_mbarrier_arrive_noinc(full);
   }
 };
 
@@ -179,7 +184,7 @@ __device__ __forceinline__ void compute_chunk(const uint8_t* stage, int warp, in
 // A unit's result, stored from the accumulators (lane: weight rows g, g + 8 of each m-tile,
 // tokens col0, col0 + 1 of each n-tile).
 template <class T, Epilogue kEpi>
-__device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOutput& out, const Unit& unit,
+__device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOutput& out, const Unit& unit, int slot,
                                            int warp, int lane, Accumulators<T>& acc) {
   const int g = lane / 4, col0 = 2 * (lane % 4);
   if constexpr (kEpi == Epilogue::Activation) {
@@ -194,10 +199,12 @@ __device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOu
           v[i][q][h] = fast_activation(out.activation, out.params, acc[i][q][h], acc[i][q][2 + h]);
     if (out.mode == Mode::Mxfp8) {
       // One MX group = 32 outputs of one token: the m-tiles in the lane x 8 lanes (g), and with two
-      // m-tiles per warp, the pair of warps 2w, 2w + 1 (through shared memory).
+      // m-tiles per warp, the pair of warps 2w, 2w + 1 (through shared memory, one buffer per unit
+      // parity: a warp can run a whole unit ahead of its partner, not two).
       constexpr int kWarpOutputs = T::kMTiles * 8;
       static_assert(kWarpOutputs == 32 || kWarpOutputs == 16);
-      __shared__ uint32_t s_amax[T::kWarps][T::kTokens];
+      __shared__ uint32_t s_amax_units[2][T::kWarps][T::kTokens];
+      uint32_t (*s_amax)[T::kTokens] = s_amax_units[slot % 2];
       uint32_t amax_bits[T::kNT][2];  // |v| as bits: orders like the values, and NaN above Inf
 #pragma unroll
       for (int q = 0; q < T::kNT; ++q)
@@ -213,7 +220,7 @@ __device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOu
           if (kWarpOutputs == 16 && g == 0) s_amax[warp][q * 8 + col0 + h] = amax_bits[q][h];
         }
       if constexpr (kWarpOutputs == 16) {
-        __syncthreads();  // NOTE: every warp stores a unit together; the next unit's store is chunks away
+        ptx::named_barrier_sync(1, T::kConsumerThreads);
 #pragma unroll
         for (int q = 0; q < T::kNT; ++q)
 #pragma unroll
@@ -262,128 +269,137 @@ __device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOu
   }
 }
 
+// The shared state of a CTA's pipeline: per stage a full barrier (the producer lane 0's arrival
+// with the weights' bytes + one arrival per producer lane when its cp.async rows have landed) and an
+// empty barrier (every consumer thread, done reading it); the units in a ring, written by the
+// producer before the full barrier of their first chunk.
+struct Pipeline {
+  static constexpr int kRing = 16;  // > the units the producer can run ahead (kStages + 1)
+  static constexpr int kFullArrivals = 1 + 32;
+  Unit ring[kRing];
+  int first_unit;
+};
+
+// Stage index and barrier phase of a position in the pipeline.
+template <class T>
+struct StageCursor {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++stage == T::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// The producer warp: takes units from the counter (the next unit's index one unit ahead, so the
+// atomic's round trip overlaps the copies) and fills the stages. It ends by handing the consumers
+// a unit with expert -1.
+template <class T, Epilogue kEpi>
+__device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, Pipeline& p, uint64_t* full,
+                                        uint64_t* empty, int num_units, int total_tiles) {
+  static_assert(Pipeline::kRing > T::kStages + 1);
+  const int lane = threadIdx.x % 32;
+  ChunkCopier<T> copier;
+  StageCursor<T> at;
+  // GEMM2 streams its first unit's weights before waiting for GEMM1 (its tokens are GEMM1's output).
+  bool inputs_pending = kEpi == Epilogue::Rows;
+  int u = p.first_unit;
+  for (int slot = 0;; ++slot) {
+    if (u >= num_units) {
+      ptx::mbarrier_wait_parity(&empty[at.stage], at.phase ^ 1);
+      if (lane == 0) {
+        p.ring[slot % Pipeline::kRing].expert = -1;
+        ptx::mbarrier_arrive(&full[at.stage]);
+      }
+      ptx::mbarrier_arrive(&full[at.stage]);
+      break;
+    }
+    int next = 0;
+    if (lane == 0) next = atomicAdd(a.unit_counter, 1);
+    const Unit unit = decode_unit<T>(a, u, total_tiles, a.tile_info[u % total_tiles]);
+    copier.init(a, unit, lane);
+    int chunk = unit.chunk_begin;
+    if (inputs_pending) {
+      const int early = min(T::kStages, unit.chunk_end - unit.chunk_begin);  // stages 0 .. early - 1, free
+      if (lane == 0) {
+        p.ring[0] = unit;
+        for (int s = 0; s < early; ++s) copier.weights(smem + s * T::kStageBytes, chunk + s, &full[s]);
+      }
+      ptx::griddepcontrol_wait();
+      for (int s = 0; s < early; ++s, ++chunk, at.advance())
+        copier.activations(a, smem + s * T::kStageBytes, chunk, lane, &full[s]);
+      inputs_pending = false;
+    }
+    for (; chunk < unit.chunk_end; ++chunk, at.advance()) {
+      ptx::mbarrier_wait_parity(&empty[at.stage], at.phase ^ 1);
+      uint8_t* stage = smem + at.stage * T::kStageBytes;
+      if (lane == 0) {
+        if (chunk == unit.chunk_begin) p.ring[slot % Pipeline::kRing] = unit;
+        copier.weights(stage, chunk, &full[at.stage]);
+      }
+      copier.activations(a, stage, chunk, lane, &full[at.stage]);
+    }
+    u = __shfl_sync(0xFFFFFFFFu, next, 0);
+  }
+  ptx::cp_async_wait<0>();
+}
+
 // Persistent CTAs take units from a counter (so a CTA that starts late, behind the previous
-// kernel's tail, takes fewer) and run one cp.async pipeline across all of them: while a CTA
-// computes the last chunks of a unit, the stages already fill with the next unit's first chunks,
-// and the finished unit is stored straight from registers. Thread 0 takes the next unit's index
-// when the copies enter a unit and publishes it one copy step later, so the atomic's round trip
-// overlaps a chunk; the copies decode each unit and hand it to the compute through a ring in
-// shared memory, at least one barrier ahead.
+// kernel's tail, takes fewer). One producer warp streams the chunks of all the CTA's units through
+// one pipeline, so while the consumers compute the last chunks of a unit the stages already fill
+// with the next unit's first ones; each consumer warp waits only for the stage it reads, and a
+// finished unit is stored straight from registers.
 template <class T, Epilogue kEpi>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     expert_gemm_kernel(ExpertGemmArgs a, GemmOutput out) {
-  static_assert(T::kStages >= 3, "the ring hand-over needs the copies two chunks ahead");
   extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int kRing = 8;  // > units between the copy and compute positions
-  __shared__ int s_index[kRing];
-  __shared__ Unit s_ring[kRing];
-  __shared__ __align__(8) uint64_t s_full[T::kStages];  // stage's weights landed (phase per use)
+  __shared__ Pipeline p;
+  __shared__ __align__(8) uint64_t s_full[T::kStages], s_empty[T::kStages];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // NOTE: the schedule comes from the permutation, which completed before the previous kernel
   // (GEMM1 or the activation) passed its own wait. GEMM2's weights do not depend on GEMM1 either:
-  // GEMM2 waits for GEMM1's output only after it started streaming its first unit's weights.
+  // GEMM2's producer waits for GEMM1's output only after it started streaming its first unit's
+  // weights.
   if (kEpi != Epilogue::Rows) ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   const int total_tiles = *a.num_tiles;
   const int row_blocks = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
   const int num_units = total_tiles * row_blocks * a.splits;
   if (threadIdx.x == 0) {
-    s_index[0] = atomicAdd(a.unit_counter, 1);
-    for (int s = 0; s < T::kStages; ++s) ptx::mbarrier_init(&s_full[s], 1);
+    p.first_unit = atomicAdd(a.unit_counter, 1);
+    for (int s = 0; s < T::kStages; ++s) {
+      ptx::mbarrier_init(&s_full[s], Pipeline::kFullArrivals);
+      ptx::mbarrier_init(&s_empty[s], T::kConsumerThreads);
+    }
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
-  if (s_index[0] >= num_units) return;
+  if (p.first_unit >= num_units) return;
+  if (warp == T::kWarps) return produce<T, kEpi>(a, smem, p, s_full, s_empty, num_units, total_tiles);
 
-  // The copy position: this CTA's unit ordinal (ring slot), unit, chunk and stage sequence number.
-  int copy_slot = 0, copy_chunk = 0, copy_seq = 0;
-  int pending = 0;  // thread 0: the index of unit copy_slot + 1, not yet published
-  bool publish = false;
-  Unit copy_unit;
-  ChunkCopier<T> copier;
-  bool copy_done = false;
-  // defer: the unit's index after this one is needed no earlier than two copy steps later.
-  auto enter_copy_unit = [&](bool defer) {
-    const int u = s_index[copy_slot % kRing];
-    copy_done = u >= num_units;
-    if (copy_done) return;
-    copy_unit = decode_unit<T>(a, u, total_tiles, a.tile_info[u % total_tiles]);
-    copier.init(a, copy_unit);
-    copy_chunk = copy_unit.chunk_begin;
-    if (threadIdx.x == 0) {
-      s_ring[copy_slot % kRing] = copy_unit;
-      pending = atomicAdd(a.unit_counter, 1);
-      publish = defer && copy_unit.chunk_end - copy_unit.chunk_begin >= 2;
-      if (!publish) s_index[(copy_slot + 1) % kRing] = pending;
-    }
-  };
-  // One chunk into the next stage (after a barrier: the stage is free, earlier writes visible).
-  auto copy_step = [&]() {
-    if (publish) {  // thread 0 only
-      s_index[(copy_slot + 1) % kRing] = pending;
-      publish = false;
-    }
-    if (!copy_done && copy_chunk == copy_unit.chunk_end) {
-      ++copy_slot;
-      enter_copy_unit(true);  // this step copies the first chunk, the next one publishes
-    }
-    if (copy_done) return;
-    uint8_t* stage = smem + (copy_seq % T::kStages) * T::kStageBytes;
-    copier.weights(stage, copy_chunk, &s_full[copy_seq % T::kStages]);
-    copier.activations(stage, copy_chunk);
-    ++copy_chunk;
-    ++copy_seq;
-  };
-
-  // NOTE: GEMM2 copies up to kStages - 1 chunks of the first unit before any copy step, so its
-  // successor's index is written at once.
-  enter_copy_unit(false);
-  // The prologue: stages 0 .. kStages - 2. GEMM2 issues its first unit's weights before waiting for
-  // GEMM1 (its tokens are GEMM1's output).
-  int early = 0;
-  if (kEpi == Epilogue::Rows) {
-    early = min(T::kStages - 1, copy_unit.chunk_end - copy_unit.chunk_begin);
-    for (int s = 0; s < early; ++s) copier.weights(smem + s * T::kStageBytes, copy_unit.chunk_begin + s, &s_full[s]);
-    ptx::griddepcontrol_wait();
-    for (int s = 0; s < early; ++s) {
-      copier.activations(smem + s * T::kStageBytes, copy_unit.chunk_begin + s);
-      ptx::cp_async_commit();
-    }
-    copy_chunk += early;
-    copy_seq += early;
-  }
-  for (int s = early; s < T::kStages - 1; ++s) {
-    __syncthreads();
-    copy_step();
-    ptx::cp_async_commit();
-  }
-  __syncthreads();  // s_ring[0] visible
-
-  int compute_slot = 0, compute_seq = 0;
+  StageCursor<T> at;
   Accumulators<T> acc;
-  for (;;) {
-    const Unit unit = s_ring[compute_slot % kRing];
+  for (int slot = 0;; ++slot) {
+    ptx::mbarrier_wait_parity(&s_full[at.stage], at.phase);
+    const Unit unit = p.ring[slot % Pipeline::kRing];
+    if (unit.expert < 0) break;
 #pragma unroll
     for (int i = 0; i < T::kMTiles; ++i)
 #pragma unroll
       for (int q = 0; q < T::kNT; ++q)
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[i][q][c] = 0.0f;
-    for (int chunk = unit.chunk_begin; chunk < unit.chunk_end; ++chunk) {
-      ptx::cp_async_wait<T::kStages - 2>();
-      ptx::mbarrier_wait_parity(&s_full[compute_seq % T::kStages], (compute_seq / T::kStages) & 1);
-      __syncthreads();  // this chunk's stage landed for every thread; the stage refilled below is idle
-      copy_step();
-      ptx::cp_async_commit();
-      compute_chunk<T>(smem + (compute_seq % T::kStages) * T::kStageBytes, warp, lane, acc);
-      ++compute_seq;
+    for (int chunk = unit.chunk_begin;;) {
+      compute_chunk<T>(smem + at.stage * T::kStageBytes, warp, lane, acc);
+      ptx::mbarrier_arrive(&s_empty[at.stage]);
+      at.advance();
+      if (++chunk == unit.chunk_end) break;
+      ptx::mbarrier_wait_parity(&s_full[at.stage], at.phase);
     }
-    store_unit<T, kEpi>(a, out, unit, warp, lane, acc);
-    ++compute_slot;
-    // The copies entered (or ended at) this slot at least one barrier ago.
-    if (s_index[compute_slot % kRing] >= num_units) break;
+    store_unit<T, kEpi>(a, out, unit, slot, warp, lane, acc);
   }
-  ptx::cp_async_wait<0>();
 }
 
 template <class T, Epilogue kEpi>

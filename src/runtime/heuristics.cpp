@@ -14,7 +14,7 @@ namespace {
 
 
 // Persistent CTAs take units (token tile x 256 weight rows x K range) from a counter, and the
-// cp.async pipeline runs on across units, so the time of a GEMM is about the chunks (128 of K) of
+// copy pipeline runs on across units, so the time of a GEMM is about the chunks (128 of K) of
 // the most loaded CTA: ceil(units s / ctas) ceil(chunks / s) for s K ranges. The s with the fewest
 // such chunks wins; ties and near-ties (within `penalty` chunks per extra range: partial rows
 // written, read and summed by a later stage) go to fewer ranges. With `min_waves`, a split (when
