@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
   using Scan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int16_t s_local[kStaged ? kSmallSlots : 1];
+  __shared__ uint32_t s_peers[kStaged ? kSmallSlots : 1];  // pass 1's match_any, reused by pass 2
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
 
@@ -61,6 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
   for (int64_t base = begin; base < end; base += 32) {
     const int le = local_expert<kStaged>(a, s_local, base + lane, end);
     const uint32_t peers = __match_any_sync(0xFFFFFFFFu, le);
+    if (kStaged && base + lane < end) s_peers[base + lane] = peers;  // NOTE: past `end` is the next warp's
     if (le >= 0 && (peers & ptx::lanemask_lt()) == 0) my_rows[le] += __popc(peers);
     __syncwarp();
   }
@@ -114,7 +116,8 @@ __global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
   for (int64_t base = begin; base < end; base += 32) {
     const int64_t slot = base + lane;
     const int le = local_expert<kStaged>(a, s_local, slot, end);
-    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, le);
+    // Lanes past `end` (le = -1) never use their peers.
+    const uint32_t peers = kStaged ? (slot < end ? s_peers[slot] : 0u) : __match_any_sync(0xFFFFFFFFu, le);
     int32_t row = -1;
     if (le >= 0) row = my_rows[le] + __popc(peers & ptx::lanemask_lt());
     __syncwarp();
@@ -141,11 +144,12 @@ __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
   for (int i = 0; i < kWarpRounds; ++i) local[i] = 32 * i + lane < slots ? local_of(a, a.ids[32 * i + lane]) : -1;
   for (int e = lane; e < a.num_local; e += 32) next_row[e] = 0;
   __syncwarp();
+  uint32_t peers[kWarpRounds];  // the lanes of round i with slot 32 i + lane's expert (pass 2 reuses them)
 #pragma unroll
   for (int i = 0; i < kWarpRounds; ++i) {
     if (32 * i >= slots) break;
-    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, local[i]);
-    if (local[i] >= 0 && (peers & ptx::lanemask_lt()) == 0) next_row[local[i]] += __popc(peers);
+    peers[i] = __match_any_sync(0xFFFFFFFFu, local[i]);
+    if (local[i] >= 0 && (peers[i] & ptx::lanemask_lt()) == 0) next_row[local[i]] += __popc(peers[i]);
     __syncwarp();
   }
 
@@ -187,10 +191,9 @@ __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
   for (int i = 0; i < kWarpRounds; ++i) {
     if (32 * i >= slots) break;
     const int slot = 32 * i + lane;
-    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, local[i]);
-    const int32_t row = local[i] >= 0 ? next_row[local[i]] + __popc(peers & ptx::lanemask_lt()) : -1;
+    const int32_t row = local[i] >= 0 ? next_row[local[i]] + __popc(peers[i] & ptx::lanemask_lt()) : -1;
     __syncwarp();
-    if (local[i] >= 0 && (peers & ptx::lanemask_lt()) == 0) next_row[local[i]] += __popc(peers);
+    if (local[i] >= 0 && (peers[i] & ptx::lanemask_lt()) == 0) next_row[local[i]] += __popc(peers[i]);
     __syncwarp();
     if (slot < slots) {
       a.slot_row[slot] = row;
