@@ -1,14 +1,12 @@
-// Two kernels of one computation, both one CTA. Up to kWarpSlots slots (decode), one warp keeps
-// every slot's local expert in registers and replaces the block's barriers and scans with warp
-// shuffles. Beyond, 4 warps (up to 4096 slots) or 32: warp w owns a contiguous range of slots.
-// Pass 1 counts, per warp and local expert, the warp's slots (a round of 32 slots groups equal
-// experts with match_any). The counts are turned into each (warp, expert)'s first row: a prefix
-// over warps per expert, plus the expert's offset from a block-wide scan. Pass 2 walks the same
-// slots again and hands out rows: base of (warp, expert) + rank among the round's lanes of that
-// expert. Both give rows in slot order within each expert: the same outputs.
+// Three kernels of one computation, each one CTA; all give rows in slot order within each expert
+// (no atomics). Pass 1 ranks every slot among the earlier slots of its local expert that its warp
+// holds (a round of 32 slots groups equal experts with match_any) and counts them per (warp,
+// expert); the counts become each (warp, expert)'s first row: a prefix over warps per expert plus
+// the expert's offset from a scan over experts. Pass 2 hands out rows: that first row + the rank.
+//   warp:  up to 512 slots, one warp: shuffles instead of barriers and scans (T = 1 .. 32);
+//   block: up to 8192 slots, 32 warps of contiguous slot ranges, ranks kept in registers;
+//   large: any count, 32 warps; pass 2 walks the slots again (prefill).
 #include "kernels/permute.cuh"
-
-#include <cub/block/block_scan.cuh>
 
 #include "kernels/launch.cuh"
 #include "kernels/sm90/ptx.cuh"
@@ -17,120 +15,146 @@
 namespace k3moe::kernels {
 namespace {
 
-constexpr int kSmallThreads = 128, kLargeThreads = 1024;
-constexpr int kSmallSlots = 4096;  // up to here 4 warps beat 32 (fewer barriers and prefix steps)
-static_assert(kPermuteMaxLocalExperts <= 32767, "local experts fit the small kernel's int16 copy");
+constexpr int kThreads = 1024, kWarps = kThreads / 32;
+static_assert(kPermuteMaxLocalExperts <= kThreads, "one expert per thread in the scans over experts");
+constexpr int kBlockRounds = 8;  // rounds of 32 slots per warp in the block kernel's registers
+constexpr int kBlockSlots = kThreads * kBlockRounds;
 
 __device__ __forceinline__ int local_of(const PermuteArgs& a, int id) {
   return (id >= a.first_expert && id < a.first_expert + a.num_local) ? id - a.first_expert : -1;
 }
 
-// The local expert of a slot: from `staged` (the small kernel's copy of every slot's local expert,
-// loaded at once so the passes below do not wait on a global load per round) or from the ids.
-template <bool kStaged>
-__device__ __forceinline__ int local_expert(const PermuteArgs& a, const int16_t* staged, int64_t slot, int64_t end) {
-  if (slot >= end) return -1;
-  if constexpr (kStaged) return staged[slot];
-  return local_of(a, a.ids[slot]);
+__device__ __forceinline__ int2 warp_inclusive_sum(int2 v, int lane) {
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int x = __shfl_up_sync(0xFFFFFFFFu, v.x, offset), y = __shfl_up_sync(0xFFFFFFFFu, v.y, offset);
+    if (lane >= offset) v = make_int2(v.x + x, v.y + y);
+  }
+  return v;
 }
 
-template <int kThreads>
-__global__ void __launch_bounds__(kThreads, 1) permute_kernel(PermuteArgs a) {
-  constexpr int kWarps = kThreads / 32;
-  constexpr int kExpertsPerThread = kPermuteMaxLocalExperts / kThreads;
-  constexpr bool kStaged = kThreads == kSmallThreads;
-  extern __shared__ int32_t next_row[];  // [kWarps][num_local]
-  using Scan = cub::BlockScan<int32_t, kThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
-  __shared__ int16_t s_local[kStaged ? kSmallSlots : 1];
-  __shared__ uint32_t s_peers[kStaged ? kSmallSlots : 1];  // pass 1's match_any, reused by pass 2
+// Turns the per-(warp, expert) counts in `warp_rows` ([kWarps][num_local]) into each one's first
+// row, writes the experts' offsets and the GEMMs' tile schedule, and zeroes the unit counters.
+// `expert_rows` ([num_local]) ends as each expert's first row. Every thread of the block calls it.
+__device__ __forceinline__ void assign_first_rows(const PermuteArgs& a, int32_t* warp_rows, int32_t* expert_rows) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  // Per expert, lane w holds warp w's count: an exclusive prefix over the warps.
+  for (int e = warp; e < a.num_local; e += kWarps) {
+    const int32_t count = warp_rows[lane * a.num_local + e];
+    const int32_t upto = warp_inclusive_sum(make_int2(count, 0), lane).x;
+    warp_rows[lane * a.num_local + e] = upto - count;
+    if (lane == 31) expert_rows[e] = upto;
+  }
+  __syncthreads();
+  // Thread e: expert e's rows and tiles, an exclusive scan over the block (warps, then warp sums).
+  __shared__ int2 s_warp_sums[kWarps];
+  const int e = threadIdx.x;
+  const int32_t rows = e < a.num_local ? expert_rows[e] : 0;
+  const int32_t tiles = (rows + a.tile_rows - 1) / a.tile_rows;
+  int2 incl = warp_inclusive_sum(make_int2(rows, tiles), lane);
+  if (lane == 31) s_warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) s_warp_sums[lane] = warp_inclusive_sum(s_warp_sums[lane], lane);
+  __syncthreads();
+  if (warp > 0) incl = make_int2(incl.x + s_warp_sums[warp - 1].x, incl.y + s_warp_sums[warp - 1].y);
+  const int32_t first_row = incl.x - rows, first_tile = incl.y - tiles;
+  if (e < a.num_local) {
+    a.expert_offset[e] = first_row;
+    expert_rows[e] = first_row;
+    for (int t = 0; t < tiles; ++t)
+      a.tile_info[first_tile + t] =
+          make_int4(e, first_row + t * a.tile_rows, min(a.tile_rows, rows - t * a.tile_rows), 0);
+  }
+  if (threadIdx.x == 0) {
+    a.expert_offset[a.num_local] = s_warp_sums[kWarps - 1].x;
+    *a.num_tiles = s_warp_sums[kWarps - 1].y;
+    a.unit_counters[0] = a.unit_counters[1] = 0;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ void write_row(const PermuteArgs& a, int64_t slot, int32_t row) {
+  a.slot_row[slot] = row;
+  if (row >= 0) a.row_token[row] = int32_t(slot / a.top_k);
+}
+
+// Warp w holds rounds w * rounds .. (w + 1) * rounds - 1 of 32 slots, and the rank of each slot
+// among its warp's earlier slots of the same expert in registers between the passes.
+__global__ void __launch_bounds__(kThreads, 1) permute_block_kernel(PermuteArgs a) {
+  extern __shared__ int32_t smem[];
+  int32_t* warp_rows = smem;                          // [kWarps][num_local]
+  int32_t* expert_rows = smem + kWarps * a.num_local;  // [num_local]
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int slots = a.tokens * a.top_k;
+  const int rounds = (slots + kThreads - 1) / kThreads;
+  int local[kBlockRounds], rank[kBlockRounds];
+#pragma unroll
+  for (int r = 0; r < kBlockRounds; ++r) {
+    const int slot = (warp * rounds + r) * 32 + lane;
+    local[r] = r < rounds && slot < slots ? local_of(a, a.ids[slot]) : -1;
+    rank[r] = 0;
+  }
+  for (int i = threadIdx.x; i < kWarps * a.num_local; i += kThreads) warp_rows[i] = 0;
+  __syncthreads();
+  int32_t* counts = warp_rows + warp * a.num_local;
+#pragma unroll
+  for (int r = 0; r < kBlockRounds; ++r) {
+    if (r >= rounds) break;
+    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, local[r]), before = peers & ptx::lanemask_lt();
+    if (local[r] >= 0) rank[r] = counts[local[r]] + __popc(before);
+    __syncwarp();
+    if (local[r] >= 0 && before == 0) counts[local[r]] += __popc(peers);
+    __syncwarp();
+  }
+  assign_first_rows(a, warp_rows, expert_rows);
+#pragma unroll
+  for (int r = 0; r < kBlockRounds; ++r) {
+    const int slot = (warp * rounds + r) * 32 + lane;
+    if (r >= rounds || slot >= slots) break;
+    write_row(a, slot, local[r] < 0 ? -1 : expert_rows[local[r]] + counts[local[r]] + rank[r]);
+  }
+}
 
+// Warp w owns a contiguous range of slots; pass 2 walks it again (ranks recomputed by match_any).
+__global__ void __launch_bounds__(kThreads, 1) permute_large_kernel(PermuteArgs a) {
+  extern __shared__ int32_t smem[];
+  int32_t* warp_rows = smem;                          // [kWarps][num_local]
+  int32_t* expert_rows = smem + kWarps * a.num_local;  // [num_local]
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t slots = int64_t(a.tokens) * a.top_k;
   const int64_t per_warp = (slots + kWarps - 1) / kWarps;
   const int64_t begin = min(slots, warp * per_warp), end = min(slots, begin + per_warp);
-  int32_t* my_rows = next_row + warp * a.num_local;
-  if constexpr (kStaged) {
-    for (int64_t i = threadIdx.x; i < slots; i += kThreads) s_local[i] = int16_t(local_of(a, a.ids[i]));
-    __syncthreads();
-  }
-
-  for (int e = lane; e < a.num_local; e += 32) my_rows[e] = 0;
+  int32_t* counts = warp_rows + warp * a.num_local;
+  for (int e = lane; e < a.num_local; e += 32) counts[e] = 0;
   __syncwarp();
   for (int64_t base = begin; base < end; base += 32) {
-    const int le = local_expert<kStaged>(a, s_local, base + lane, end);
+    const int le = base + lane < end ? local_of(a, a.ids[base + lane]) : -1;
     const uint32_t peers = __match_any_sync(0xFFFFFFFFu, le);
-    if (kStaged && base + lane < end) s_peers[base + lane] = peers;  // NOTE: past `end` is the next warp's
-    if (le >= 0 && (peers & ptx::lanemask_lt()) == 0) my_rows[le] += __popc(peers);
+    if (le >= 0 && (peers & ptx::lanemask_lt()) == 0) counts[le] += __popc(peers);
     __syncwarp();
   }
-  __syncthreads();
-
-  // Per expert: exclusive prefix over warps, then the experts' offsets (thread t owns experts
-  // t * kExpertsPerThread + i, the blocked arrangement of the scan).
-  int32_t total[kExpertsPerThread], offset[kExpertsPerThread];
-#pragma unroll
-  for (int i = 0; i < kExpertsPerThread; ++i) {
-    const int e = threadIdx.x * kExpertsPerThread + i;
-    total[i] = 0;
-    if (e < a.num_local) {
-      for (int w = 0; w < kWarps; ++w) {
-        const int32_t c = next_row[w * a.num_local + e];
-        next_row[w * a.num_local + e] = total[i];
-        total[i] += c;
-      }
-    }
-  }
-  int32_t all_rows = 0;
-  Scan(scan_storage).ExclusiveSum(total, offset, all_rows);
-#pragma unroll
-  for (int i = 0; i < kExpertsPerThread; ++i) {
-    const int e = threadIdx.x * kExpertsPerThread + i;
-    if (e < a.num_local) {
-      a.expert_offset[e] = offset[i];
-      for (int w = 0; w < kWarps; ++w) next_row[w * a.num_local + e] += offset[i];
-    }
-  }
-  if (threadIdx.x == 0) a.expert_offset[a.num_local] = all_rows;
-
-  // The GEMMs' schedule: each expert's token tiles, numbered by expert.
-  int32_t tiles[kExpertsPerThread], tile_index[kExpertsPerThread];
-#pragma unroll
-  for (int i = 0; i < kExpertsPerThread; ++i) tiles[i] = (total[i] + a.tile_rows - 1) / a.tile_rows;
-  int32_t all_tiles = 0;
-  __syncthreads();
-  Scan(scan_storage).ExclusiveSum(tiles, tile_index, all_tiles);
-#pragma unroll
-  for (int i = 0; i < kExpertsPerThread; ++i)
-    for (int t = 0; t < tiles[i]; ++t)
-      a.tile_info[tile_index[i] + t] = make_int4(threadIdx.x * kExpertsPerThread + i, offset[i] + t * a.tile_rows,
-                                                 min(a.tile_rows, total[i] - t * a.tile_rows), 0);
-  if (threadIdx.x == 0) {
-    *a.num_tiles = all_tiles;
-    a.unit_counters[0] = a.unit_counters[1] = 0;
-  }
-  __syncthreads();
-
+  assign_first_rows(a, warp_rows, expert_rows);
+  for (int e = lane; e < a.num_local; e += 32) counts[e] += expert_rows[e];  // each (warp, expert)'s next row
+  __syncwarp();
   for (int64_t base = begin; base < end; base += 32) {
     const int64_t slot = base + lane;
-    const int le = local_expert<kStaged>(a, s_local, slot, end);
-    // Lanes past `end` (le = -1) never use their peers.
-    const uint32_t peers = kStaged ? (slot < end ? s_peers[slot] : 0u) : __match_any_sync(0xFFFFFFFFu, le);
-    int32_t row = -1;
-    if (le >= 0) row = my_rows[le] + __popc(peers & ptx::lanemask_lt());
+    const int le = slot < end ? local_of(a, a.ids[slot]) : -1;
+    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, le), before = peers & ptx::lanemask_lt();
+    const int32_t row = le >= 0 ? counts[le] + __popc(before) : -1;
     __syncwarp();
-    if (le >= 0 && (peers & ptx::lanemask_lt()) == 0) my_rows[le] += __popc(peers);
+    if (le >= 0 && before == 0) counts[le] += __popc(peers);
     __syncwarp();
-    if (slot < end) {
-      a.slot_row[slot] = row;
-      if (row >= 0) a.row_token[row] = int32_t(slot / a.top_k);
-    }
+    if (slot < end) write_row(a, slot, row);
   }
 }
 
 constexpr int kWarpSlots = 512;
+constexpr int kWarpAutoSlots = 128;  // beyond, the block kernel is faster (Session 10)
 constexpr int kWarpRounds = kWarpSlots / 32;
 
 __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
@@ -195,35 +219,36 @@ __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
     __syncwarp();
     if (local[i] >= 0 && (peers[i] & ptx::lanemask_lt()) == 0) next_row[local[i]] += __popc(peers[i]);
     __syncwarp();
-    if (slot < slots) {
-      a.slot_row[slot] = row;
-      if (row >= 0) a.row_token[row] = slot / a.top_k;
-    }
+    if (slot < slots) write_row(a, slot, row);
   }
 }
 
-int smem_bytes(int threads, int num_local) { return threads / 32 * num_local * int(sizeof(int32_t)); }
+int smem_bytes(int warps, int num_local) { return (warps + 1) * num_local * int(sizeof(int32_t)); }
 
 }  // namespace
 
 void configure_permute_kernel() {
-  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(permute_kernel<kLargeThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        smem_bytes(kLargeThreads, kPermuteMaxLocalExperts)));
+  for (auto kernel : {permute_block_kernel, permute_large_kernel})
+    K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem_bytes(kWarps, kPermuteMaxLocalExperts)));
 }
 
 void launch_permute(const PermuteArgs& args, cudaStream_t stream, PermuteKernel kernel) {
   const int64_t slots = int64_t(args.tokens) * args.top_k;
+  K3MOE_CHECK(args.num_local >= 0 && args.num_local <= kPermuteMaxLocalExperts, "the permutation takes up to ",
+              kPermuteMaxLocalExperts, " local experts, got ", args.num_local);
   K3MOE_CHECK(kernel != PermuteKernel::Warp || slots <= kWarpSlots, "the one-warp permutation takes up to ",
               kWarpSlots, " slots, got ", slots);
-  if (kernel == PermuteKernel::Warp || (kernel == PermuteKernel::Auto && slots <= kWarpSlots)) {
-    launch_dependent(permute_warp_kernel, 1, 32, smem_bytes(32, args.num_local), stream, args);
-  } else if (slots <= kSmallSlots) {
-    launch_dependent(permute_kernel<kSmallThreads>, 1, kSmallThreads, smem_bytes(kSmallThreads, args.num_local), stream,
-                     args);
-  } else {
-    launch_dependent(permute_kernel<kLargeThreads>, 1, kLargeThreads, smem_bytes(kLargeThreads, args.num_local), stream,
-                     args);
-  }
+  K3MOE_CHECK(kernel != PermuteKernel::Block || slots <= kBlockSlots, "the block permutation takes up to ",
+              kBlockSlots, " slots, got ", slots);
+  if (kernel == PermuteKernel::Auto)
+    kernel = slots <= kWarpAutoSlots ? PermuteKernel::Warp
+             : slots <= kBlockSlots ? PermuteKernel::Block
+                                    : PermuteKernel::Large;
+  if (kernel == PermuteKernel::Warp)
+    return launch_dependent(permute_warp_kernel, 1, 32, smem_bytes(0, args.num_local), stream, args);
+  launch_dependent(kernel == PermuteKernel::Block ? permute_block_kernel : permute_large_kernel, 1, kThreads,
+                   smem_bytes(kWarps, args.num_local), stream, args);
 }
 
 }  // namespace k3moe::kernels

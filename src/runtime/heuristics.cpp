@@ -96,9 +96,12 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   // with two ranges, 129-138 with K whole; bench/NOTES.md, Session 7).
   const double units1 = tiles * std::ceil(2.0 * c.intermediate / rows_per_cta);
   const int chunks1 = c.hidden / kernels::kGemmChunkK;
+  // Below half a wave, two units per CTA at least, as GEMM2 (ep32 T = 8, 90 units: 10 ranges
+  // 42.6 / 44.8 us a16 / mxfp8 against 45.8 / 48.3 with 4; bench/NOTES.md, Session 10).
   k.gemm1_splits = units1 >= 1.5 * target ? 1
                    : units1 >= target     ? std::min(2, chunks1)
-                                          : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5, 0.0);
+                                          : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5,
+                                                          units1 < 0.5 * target ? 2.0 : 0.0);
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
                                  c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25, 2.0);
   return k;

@@ -50,6 +50,10 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 8, 132).gemm1_splits, 1);
   EXPECT_EQ(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{16, 0}, 256, 132).gemm1_splits, 1);
   EXPECT_EQ(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{32, 0}, 64, 132).gemm1_splits, 2);
+  // Below half a wave (EP32 T = 8: 3.7 experts x 24 = 90 units), at least two units per CTA.
+  const KernelChoice few = choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{32, 0}, 8, 132);
+  EXPECT_GE(90 * few.gemm1_splits, 2 * 396);
+  EXPECT_EQ(few.gemm1_splits, 10);
   // Prefill: the wgmma kernel, K whole, with the smallest tile that holds an expert's rows.
   const KernelChoice big = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132);
   EXPECT_EQ(big.token_tile, kernels::TokenTile::Wg128);

@@ -194,23 +194,27 @@ TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
   }
 }
 
-TEST(PermuteKernel, WarpAndBlockKernelsGiveTheHostSchedule) {
+TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
   K3MOE_REQUIRE_GPU();
   kernels::configure_permute_kernel();
   struct Case {
     int tokens, top_k, first_expert, num_local, tile_rows;
   };
-  // Decode shapes of one rank, up to the warp kernel's 512 slots; ids include -1, other ranks'
-  // experts and values outside [0, 896).
+  // Shapes of one rank on each side of the kernels' limits (512 and 8192 slots); ids include -1,
+  // other ranks' experts and values outside [0, 896). The last: 1024 local experts, every id local.
   for (const Case c : {Case{1, 16, 28, 28, 8}, Case{8, 16, 0, 28, 8}, Case{32, 16, 56, 56, 16}, Case{32, 16, 0, 28, 32},
-                       Case{5, 3, 2, 40, 8}}) {
+                       Case{5, 3, 2, 40, 8}, Case{33, 16, 0, 28, 8}, Case{256, 16, 56, 56, 8}, Case{512, 16, 0, 56, 16},
+                       Case{513, 16, 28, 28, 128}, Case{1000, 7, 3, 5, 64}, Case{300, 16, 0, 1024, 8}}) {
     const int slots = c.tokens * c.top_k;
     std::mt19937_64 rng(uint64_t(slots) * 31 + c.num_local);
     std::vector<int32_t> ids(static_cast<size_t>(slots));
     for (auto& id : ids) {
       const uint64_t r = rng() % 10;
-      id = r == 0 ? -1 : r == 1 ? int32_t(900 + rng() % 100) : r < 6 ? int32_t(c.first_expert + rng() % 5)
-                                                                     : int32_t(rng() % 896);
+      id = c.num_local == 1024 ? int32_t(rng() % 1024)
+           : r == 0          ? -1
+           : r == 1          ? int32_t(900 + rng() % 100)
+           : r < 6           ? int32_t(c.first_expert + rng() % 5)
+                             : int32_t(rng() % 896);
     }
     // The host's schedule: each local expert's rows in slot order.
     std::vector<std::vector<int>> by_expert(size_t(c.num_local));
@@ -228,9 +232,11 @@ TEST(PermuteKernel, WarpAndBlockKernelsGiveTheHostSchedule) {
         want_tiles.push_back({e, first + t * c.tile_rows, std::min(c.tile_rows, count - t * c.tile_rows), 0});
       want_offset.push_back(first + count);
     }
-    for (auto kernel : {kernels::PermuteKernel::Warp, kernels::PermuteKernel::Block}) {
-      SCOPED_TRACE("T " + std::to_string(c.tokens) + " x " + std::to_string(c.top_k) + ", " +
-                   (kernel == kernels::PermuteKernel::Warp ? "warp" : "block") + " kernel");
+    using kernels::PermuteKernel;
+    for (auto kernel : {PermuteKernel::Auto, PermuteKernel::Warp, PermuteKernel::Block, PermuteKernel::Large}) {
+      if ((kernel == PermuteKernel::Warp && slots > 512) || (kernel == PermuteKernel::Block && slots > 8192)) continue;
+      SCOPED_TRACE("T " + std::to_string(c.tokens) + " x " + std::to_string(c.top_k) + ", kernel " +
+                   std::to_string(int(kernel)));
       DeviceBuffer d_ids = testing::to_device(ids);
       DeviceBuffer offset(4 * (c.num_local + 1)), row_token(4 * slots), slot_row(4 * slots),
           tiles(16 * kernels::max_tiles(slots, c.num_local, c.tile_rows)), num_tiles(4);
@@ -264,11 +270,16 @@ TEST(PermuteKernel, WarpAndBlockKernelsGiveTheHostSchedule) {
       EXPECT_EQ(testing::to_host<int>(counters), (std::vector<int>{0, 0}));
     }
   }
-  // The warp kernel refuses what it cannot hold.
+  // The warp and block kernels refuse what they cannot hold.
   kernels::PermuteArgs big;
   big.tokens = 33;
   big.top_k = 16;
   EXPECT_THROW(kernels::launch_permute(big, nullptr, kernels::PermuteKernel::Warp), Error);
+  big.tokens = 513;
+  EXPECT_THROW(kernels::launch_permute(big, nullptr, kernels::PermuteKernel::Block), Error);
+  big.tokens = 1;
+  big.num_local = 1025;
+  EXPECT_THROW(kernels::launch_permute(big, nullptr, kernels::PermuteKernel::Large), Error);
 }
 
 }  // namespace
