@@ -17,25 +17,25 @@ namespace k3moe::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+// NOTE: the outputs kernel keeps a token's 16 slots in flight (~86 registers): blocks of 128
+// let 5 share an SM where 2 of 256 fit.
+constexpr int kOutputThreads = 128;
 
 // Slot k's contribution to outputs h .. h + 3 of a token: w * (sum of its splits), or zeros.
 __device__ __forceinline__ float4 slot_term(const CombineArgs& a, int token, int k, int h) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   const int32_t row = k < a.top_k ? a.slot_row[int64_t(token) * a.top_k + k] : -1;
   if (row >= 0 && h < a.hidden) {
-    float4 part[kMaxCombineSplits];
-#pragma unroll
-    for (int s = 0; s < kMaxCombineSplits; ++s)
-      if (s < a.splits)
-        part[s] = *reinterpret_cast<const float4*>(a.y + s * a.split_stride + int64_t(row) * a.hidden + h);
-    v = part[0];
+    const float* y = a.y + int64_t(row) * a.hidden + h;
+    v = *reinterpret_cast<const float4*>(y);
 #pragma unroll
     for (int s = 1; s < kMaxCombineSplits; ++s)
       if (s < a.splits) {
-        v.x += part[s].x;
-        v.y += part[s].y;
-        v.z += part[s].z;
-        v.w += part[s].w;
+        const float4 part = *reinterpret_cast<const float4*>(y + s * a.split_stride);
+        v.x += part.x;
+        v.y += part.y;
+        v.z += part.z;
+        v.w += part.w;
       }
     const float w = a.weights[int64_t(token) * a.top_k + k];
     // NOTE: rounded products (no contraction into the adds that follow), in both mappings.
@@ -68,11 +68,11 @@ __global__ void __launch_bounds__(kThreads) combine_lanes_kernel(CombineArgs a, 
 }
 
 template <int kGroup>
-__global__ void __launch_bounds__(kThreads) combine_outputs_kernel(CombineArgs a) {
+__global__ void __launch_bounds__(kOutputThreads) combine_outputs_kernel(CombineArgs a) {
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   const int quads = a.hidden / 4;
-  const int64_t index = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t index = int64_t(blockIdx.x) * kOutputThreads + threadIdx.x;
   if (index >= int64_t(a.tokens) * quads) return;
   const int token = int(index / quads), h = int(index % quads) * 4;
   float4 t[kGroup];
@@ -93,8 +93,8 @@ __global__ void __launch_bounds__(kThreads) combine_outputs_kernel(CombineArgs a
 template <int kGroup>
 void launch_outputs(const CombineArgs& a, cudaStream_t stream) {
   const int64_t threads = int64_t(a.tokens) * (a.hidden / 4);
-  launch_dependent(combine_outputs_kernel<kGroup>, dim3(unsigned((threads + kThreads - 1) / kThreads)), kThreads, 0,
-                   stream, a);
+  launch_dependent(combine_outputs_kernel<kGroup>, dim3(unsigned((threads + kOutputThreads - 1) / kOutputThreads)),
+                   kOutputThreads, 0, stream, a);
 }
 
 }  // namespace
