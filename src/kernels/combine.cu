@@ -17,8 +17,8 @@ namespace k3moe::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-// NOTE: the outputs kernel keeps a token's 16 slots in flight (~86 registers): blocks of 128
-// let 5 share an SM where 2 of 256 fit.
+// NOTE: the outputs kernel keeps a token's 16 slots in flight: 104 registers in blocks of 128, 4
+// blocks per SM (with blocks of 256 ptxas gives 86, 2 blocks: the same 512 threads).
 constexpr int kOutputThreads = 128;
 
 // Slot k's contribution to outputs h .. h + 3 of a token: w * (sum of its splits), or zeros.
