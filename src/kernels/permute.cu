@@ -3,7 +3,7 @@
 // holds (a round of 32 slots groups equal experts with match_any) and counts them per (warp,
 // expert); the counts become each (warp, expert)'s first row: a prefix over warps per expert plus
 // the expert's offset from a scan over experts. Pass 2 hands out rows: that first row + the rank.
-//   warp:  up to 512 slots, one warp: shuffles instead of barriers and scans (T = 1 .. 32);
+//   warp:  up to 512 slots (chosen up to 128), one warp: shuffles instead of barriers and scans;
 //   block: up to 8192 slots, 32 warps of contiguous slot ranges, ranks kept in registers;
 //   large: any count, 32 warps; pass 2 walks the slots again (prefill).
 #include "kernels/permute.cuh"
