@@ -31,8 +31,8 @@ struct PermuteArgs {
 // The most token tiles T K rows can make: each expert's last tile may be partial.
 inline int64_t max_tiles(int64_t rows, int num_local, int tile_rows) { return rows / tile_rows + num_local; }
 
-// Auto: one warp up to 512 slots, one block of registers up to 8192, else the large kernel; the
-// others force a kernel (tests, benchmarks).
+// Auto: one warp up to 128 slots, one block with ranks in registers up to 8192, else the large
+// kernel; the others force a kernel (tests; Warp takes up to 512 slots, Block up to 8192).
 enum class PermuteKernel { Auto, Warp, Block, Large };
 void launch_permute(const PermuteArgs& args, cudaStream_t stream, PermuteKernel kernel = PermuteKernel::Auto);
 // Raises the kernel's shared-memory limit on the current device; once per device, before launches.
