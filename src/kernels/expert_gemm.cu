@@ -125,11 +125,13 @@ struct ChunkCopier {
   }
 
   // Lane 0. NOTE: row blocks past a partial group keep stale bytes: they only feed weight rows
-  // that are never stored.
+  // that are never stored. The weights are read once per forward: evicted from L2 first (decode
+  // streams ~4 MB through L2 per us, which otherwise evicts the token rows the units gather).
   __device__ __forceinline__ void weights(uint8_t* stage, int chunk, uint64_t* full) const {
+    const uint64_t policy = ptx::l2_policy_evict_first();
     ptx::mbarrier_arrive_expect_tx(full, code_bytes + scale_bytes);
-    ptx::cp_async_bulk_g2s(stage, code_src + int64_t(chunk) * code_bytes, code_bytes, full);
-    ptx::cp_async_bulk_g2s(stage + T::kCodeBytes, scale_src + int64_t(chunk) * scale_bytes, scale_bytes, full);
+    ptx::cp_async_bulk_g2s(stage, code_src + int64_t(chunk) * code_bytes, code_bytes, full, policy);
+    ptx::cp_async_bulk_g2s(stage + T::kCodeBytes, scale_src + int64_t(chunk) * scale_bytes, scale_bytes, full, policy);
   }
 
   // Every lane; its arrival on `full` comes when its copies have landed.

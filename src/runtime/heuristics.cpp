@@ -91,15 +91,15 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   const int rows_per_cta = kernels::kGemmRowsPerCta;
   // NOTE: GEMM1's ranges add the activation stage and 2I fp32 per row and range. From 1.5 waves of
   // units K stays whole (measured: ep16 T = 256, 3.4 waves, 276.9 us against 283.1 with two ranges;
-  // local28 T = 8, 1.7 waves, 143.7-144.6 against 145.9-146.3); below, two ranges shorten the tail,
-  // which late units run on SMs that other CTAs have left (ep32 T = 64 mxfp8, 1.2 waves: 119 us
-  // with two ranges, 129-138 with K whole; bench/NOTES.md, Session 7).
+  // local28 T = 8, 1.7 waves, 143.7-144.6 against 145.9-146.3); below, ranges shorten the tail,
+  // which late units run on SMs that other CTAs have left: the cost model picks them (ep32 T = 64,
+  // 1.2 waves: 4 ranges 96.7-96.9 / 109.9-110.0 us a16 / mxfp8, 2 ranges 100.5-100.8 / 115.0-115.2,
+  // K whole 111 / 133; bench/NOTES.md, Sessions 10-11).
   const double units1 = tiles * std::ceil(2.0 * c.intermediate / rows_per_cta);
   const int chunks1 = c.hidden / kernels::kGemmChunkK;
   // Below half a wave, two units per CTA at least, as GEMM2 (ep32 T = 8, 90 units: 10 ranges
   // 42.6 / 44.8 us a16 / mxfp8 against 45.8 / 48.3 with 4; bench/NOTES.md, Session 10).
   k.gemm1_splits = units1 >= 1.5 * target ? 1
-                   : units1 >= target     ? std::min(2, chunks1)
                                           : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5,
                                                           units1 < 0.5 * target ? 2.0 : 0.0);
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),

@@ -46,10 +46,11 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(one.gemm1_splits, 1);
   EXPECT_GE(one.gemm2_splits * 16 * 14, 2 * 396);
   // GEMM1's K: whole from 1.5 waves of units (T = 8: 27.5 expected experts x 24 units, 1.7 waves;
-  // EP16 T = 256: 55 experts, 3.4 waves), two ranges below (EP32 T = 64: 19 experts, 1.2 waves).
+  // EP16 T = 256: 55 experts, 3.4 waves), the cost model's ranges below (EP32 T = 64: 19 experts,
+  // 1.2 waves: 4 ranges of 7 chunks, 5 per CTA at most, against 2 x 28 whole or 3 x 14 in two).
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 8, 132).gemm1_splits, 1);
   EXPECT_EQ(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{16, 0}, 256, 132).gemm1_splits, 1);
-  EXPECT_EQ(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{32, 0}, 64, 132).gemm1_splits, 2);
+  EXPECT_EQ(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{32, 0}, 64, 132).gemm1_splits, 4);
   // Below half a wave (EP32 T = 8: 3.7 experts x 24 = 90 units), at least two units per CTA.
   const KernelChoice few = choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{32, 0}, 8, 132);
   EXPECT_GE(90 * few.gemm1_splits, 2 * 396);

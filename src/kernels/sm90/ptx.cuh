@@ -143,6 +143,23 @@ __device__ __forceinline__ void cp_async_bulk_g2s(void* smem_dst, const void* gm
                : "memory");
 }
 
+// An L2 policy for data read once: its lines are evicted first, so that a stream of them does not
+// push out of L2 what later loads still need (gathered activations, partial rows, the schedule).
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// cp_async_bulk_g2s with an L2 cache policy for the source's lines.
+__device__ __forceinline__ void cp_async_bulk_g2s(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar,
+                                                  uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::
+          "r"(smem_addr(smem_dst)),
+      "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
 }  // namespace k3moe::ptx
 
 namespace k3moe::ptx {
