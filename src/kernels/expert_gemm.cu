@@ -125,8 +125,9 @@ struct ChunkCopier {
   }
 
   // Lane 0. NOTE: row blocks past a partial group keep stale bytes: they only feed weight rows
-  // that are never stored. The weights are read once per forward: evicted from L2 first (decode
-  // streams ~4 MB through L2 per us, which otherwise evicts the token rows the units gather).
+  // that are never stored. The weights are read once per forward: evict-first in L2, so that their
+  // stream (~4 MB per us) does not push out what the forward re-reads (gathered token rows, split
+  // partials; measured in bench/NOTES.md, Session 11).
   __device__ __forceinline__ void weights(uint8_t* stage, int chunk, uint64_t* full) const {
     const uint64_t policy = ptx::l2_policy_evict_first();
     ptx::mbarrier_arrive_expect_tx(full, code_bytes + scale_bytes);
