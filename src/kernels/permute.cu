@@ -74,6 +74,17 @@ __device__ __forceinline__ void assign_first_rows(const PermuteArgs& a, int32_t*
   __syncthreads();
 }
 
+// The 32-warp kernels' shared memory: counts per (warp, expert) [kWarps][num_local], then one row
+// per expert [num_local].
+struct BlockCounts {
+  int32_t* warp_rows;
+  int32_t* expert_rows;
+};
+__device__ __forceinline__ BlockCounts block_counts(const PermuteArgs& a) {
+  extern __shared__ int32_t smem[];
+  return {smem, smem + kWarps * a.num_local};
+}
+
 __device__ __forceinline__ void write_row(const PermuteArgs& a, int64_t slot, int32_t row) {
   a.slot_row[slot] = row;
   if (row >= 0) a.row_token[row] = int32_t(slot / a.top_k);
@@ -82,9 +93,7 @@ __device__ __forceinline__ void write_row(const PermuteArgs& a, int64_t slot, in
 // Warp w holds rounds w * rounds .. (w + 1) * rounds - 1 of 32 slots, and the rank of each slot
 // among its warp's earlier slots of the same expert in registers between the passes.
 __global__ void __launch_bounds__(kThreads, 1) permute_block_kernel(PermuteArgs a) {
-  extern __shared__ int32_t smem[];
-  int32_t* warp_rows = smem;                          // [kWarps][num_local]
-  int32_t* expert_rows = smem + kWarps * a.num_local;  // [num_local]
+  const auto [warp_rows, expert_rows] = block_counts(a);
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -120,9 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1) permute_block_kernel(PermuteArgs 
 
 // Warp w owns a contiguous range of slots; pass 2 walks it again (ranks recomputed by match_any).
 __global__ void __launch_bounds__(kThreads, 1) permute_large_kernel(PermuteArgs a) {
-  extern __shared__ int32_t smem[];
-  int32_t* warp_rows = smem;                          // [kWarps][num_local]
-  int32_t* expert_rows = smem + kWarps * a.num_local;  // [num_local]
+  const auto [warp_rows, expert_rows] = block_counts(a);
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
