@@ -21,10 +21,15 @@ constexpr int kThreads = 256;
 // blocks per SM (with blocks of 256 ptxas gives 86, 2 blocks: the same 512 threads).
 constexpr int kOutputThreads = 128;
 
+// Slot k's row of y (-1: none). The permutation wrote it and completed before GEMM2 started (the
+// launches' chain of waits), so the kernels read it before their own wait, off the critical path.
+__device__ __forceinline__ int32_t slot_row_of(const CombineArgs& a, int token, int k) {
+  return k < a.top_k ? a.slot_row[int64_t(token) * a.top_k + k] : -1;
+}
+
 // Slot k's contribution to outputs h .. h + 3 of a token: w * (sum of its splits), or zeros.
-__device__ __forceinline__ float4 slot_term(const CombineArgs& a, int token, int k, int h) {
+__device__ __forceinline__ float4 slot_term(const CombineArgs& a, int token, int k, int32_t row, int h) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int32_t row = k < a.top_k ? a.slot_row[int64_t(token) * a.top_k + k] : -1;
   if (row >= 0 && h < a.hidden) {
     const float* y = a.y + int64_t(row) * a.hidden + h;
     v = *reinterpret_cast<const float4*>(y);
@@ -51,11 +56,12 @@ __device__ __forceinline__ void store_outputs(const CombineArgs& a, int token, i
 }
 
 __global__ void __launch_bounds__(kThreads) combine_lanes_kernel(CombineArgs a, int group) {
-  ptx::griddepcontrol_wait();
-  ptx::griddepcontrol_launch_dependents();
   const int token = blockIdx.x, k = threadIdx.x % group;
   const int h = (blockIdx.y * (kThreads / group) + threadIdx.x / group) * 4;
-  float4 v = slot_term(a, token, k, h);
+  const int32_t row = slot_row_of(a, token, k);
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+  float4 v = slot_term(a, token, k, row, h);
   // NOTE: lanes i and i ^ offset add the same two values, so every lane of the group ends with the
   // same, order-fixed sum.
   for (int offset = 1; offset < group; offset *= 2) {
@@ -69,15 +75,18 @@ __global__ void __launch_bounds__(kThreads) combine_lanes_kernel(CombineArgs a, 
 
 template <int kGroup>
 __global__ void __launch_bounds__(kOutputThreads) combine_outputs_kernel(CombineArgs a) {
-  ptx::griddepcontrol_wait();
-  ptx::griddepcontrol_launch_dependents();
   const int quads = a.hidden / 4;
   const int64_t index = int64_t(blockIdx.x) * kOutputThreads + threadIdx.x;
   if (index >= int64_t(a.tokens) * quads) return;
   const int token = int(index / quads), h = int(index % quads) * 4;
+  int32_t row[kGroup];
+#pragma unroll
+  for (int k = 0; k < kGroup; ++k) row[k] = slot_row_of(a, token, k);
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
   float4 t[kGroup];
 #pragma unroll
-  for (int k = 0; k < kGroup; ++k) t[k] = slot_term(a, token, k, h);
+  for (int k = 0; k < kGroup; ++k) t[k] = slot_term(a, token, k, row[k], h);
 #pragma unroll
   for (int width = 1; width < kGroup; width *= 2)
 #pragma unroll

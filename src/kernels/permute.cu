@@ -6,9 +6,11 @@
 //   warp:  up to 512 slots (chosen up to 128), one warp: shuffles instead of barriers and scans;
 //   block: up to 8192 slots, 32 warps of contiguous slot ranges, ranks kept in registers;
 //   large: any count, 32 warps; pass 2 walks the slots again (prefill).
+// Blocks 1.. of the launch run PermuteArgs::rounding instead, one item per thread.
 #include "kernels/permute.cuh"
 
 #include "kernels/launch.cuh"
+#include "kernels/mxfp8_rounding.cuh"
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
@@ -19,6 +21,13 @@ constexpr int kThreads = 1024, kWarps = kThreads / 32;
 static_assert(kPermuteMaxLocalExperts <= kThreads, "one expert per thread in the scans over experts");
 constexpr int kBlockRounds = 8;  // rounds of 32 slots per warp in the block kernel's registers
 constexpr int kBlockSlots = kThreads * kBlockRounds;
+
+// Blocks past the first: their items of the rounding job; false for block 0 (the permutation).
+__device__ __forceinline__ bool ran_rounding(const PermuteArgs& a) {
+  if (blockIdx.x == 0) return false;
+  run_mxfp8_rounding(a.rounding, int64_t(blockIdx.x - 1) * blockDim.x + threadIdx.x);
+  return true;
+}
 
 __device__ __forceinline__ int local_of(const PermuteArgs& a, int id) {
   return (id >= a.first_expert && id < a.first_expert + a.num_local) ? id - a.first_expert : -1;
@@ -96,6 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1) permute_block_kernel(PermuteArgs 
   const auto [warp_rows, expert_rows] = block_counts(a);
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
+  if (ran_rounding(a)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int slots = a.tokens * a.top_k;
   const int rounds = (slots + kThreads - 1) / kThreads;
@@ -132,6 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) permute_large_kernel(PermuteArgs 
   const auto [warp_rows, expert_rows] = block_counts(a);
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
+  if (ran_rounding(a)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t slots = int64_t(a.tokens) * a.top_k;
   const int64_t per_warp = (slots + kWarps - 1) / kWarps;
@@ -168,6 +179,7 @@ __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
   extern __shared__ int32_t next_row[];  // [num_local]: counts, then each expert's next row
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
+  if (ran_rounding(a)) return;
   const int lane = threadIdx.x;
   const int slots = a.tokens * a.top_k;
   int local[kWarpRounds];  // slot 32 i + lane's local expert, -1 if none
@@ -252,9 +264,14 @@ void launch_permute(const PermuteArgs& args, cudaStream_t stream, PermuteKernel 
     kernel = slots <= kWarpAutoSlots ? PermuteKernel::Warp
              : slots <= kBlockSlots ? PermuteKernel::Block
                                     : PermuteKernel::Large;
+  const int threads = kernel == PermuteKernel::Warp ? 32 : kThreads;
+  const int64_t rounding_blocks = (args.rounding.items + threads - 1) / threads;
+  K3MOE_CHECK(rounding_blocks < (int64_t(1) << 31), "the MXFP8 rounding takes ", args.rounding.items,
+              " items, more than one launch's blocks of ", threads);
+  const dim3 grid(unsigned(1 + rounding_blocks));
   if (kernel == PermuteKernel::Warp)
-    return launch_dependent(permute_warp_kernel, 1, 32, smem_bytes(0, args.num_local), stream, args);
-  launch_dependent(kernel == PermuteKernel::Block ? permute_block_kernel : permute_large_kernel, 1, kThreads,
+    return launch_dependent(permute_warp_kernel, grid, threads, smem_bytes(0, args.num_local), stream, args);
+  launch_dependent(kernel == PermuteKernel::Block ? permute_block_kernel : permute_large_kernel, grid, threads,
                    smem_bytes(kWarps, args.num_local), stream, args);
 }
 

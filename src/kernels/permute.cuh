@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "kernels/quantize_mxfp8.cuh"
+
 namespace k3moe::kernels {
 
 inline constexpr int kPermuteMaxLocalExperts = 1024;
@@ -26,6 +28,9 @@ struct PermuteArgs {
   int4* tile_info = nullptr;   // [max_tiles(T K, num_local, tile_rows)]
   int32_t* num_tiles = nullptr;  // [1]
   int* unit_counters = nullptr;  // [2] the GEMMs' unit counters, zeroed here
+  // Independent work that rides in the same launch on blocks 1.. (the permutation is one block):
+  // the forward's MXFP8 rounding of x, so that the GEMMs wait for one kernel, not two.
+  Mxfp8Rounding rounding;
 };
 
 // The most token tiles T K rows can make: each expert's last tile may be partial.

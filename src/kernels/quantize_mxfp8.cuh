@@ -17,14 +17,24 @@ struct Mxfp8Buffers {
   uint16_t* x_dequant = nullptr;  // may be nullptr (quantize only)
 };
 
-// overlap_previous: the kernel runs beside the previous kernel in the stream (programmatic
-// dependent launch) and waits for it only before exiting, so that its completion still implies the
-// previous kernel's. Only for a previous kernel that neither writes what this one reads nor reads
-// what it writes, and that itself waited for everything before it (the forward: the permutation).
-void launch_quantize_mxfp8(const uint16_t* x, int tokens, int hidden, const Mxfp8Buffers& out, cudaStream_t stream,
-                           bool overlap_previous = false);
+// The rounding as a job for a kernel's threads: from bf16 x (codes, scales and x_dequant) or from
+// pre-quantized codes + scales (x_dequant only). `items` threads each take 8 values to quantize or
+// one group of 32 to dequantize (mxfp8_rounding.cuh). The forward runs it on extra blocks of the
+// permutation's launch (permute.cuh): it then waits on nothing but what the permutation waits on,
+// and the GEMMs wait for one kernel.
+struct Mxfp8Rounding {
+  const uint16_t* x = nullptr;          // bf16 [T, H]; nullptr: dequantize
+  const uint8_t* in_codes = nullptr;    // pre-quantized [T, H]
+  const uint8_t* in_scales = nullptr;   // [T, H / 32]
+  Mxfp8Buffers out;
+  int64_t items = 0;
+};
+Mxfp8Rounding quantizing(const uint16_t* x, int tokens, int hidden, const Mxfp8Buffers& out);
+Mxfp8Rounding dequantizing(const uint8_t* codes, const uint8_t* scales, int tokens, int hidden, uint16_t* x_dequant);
+
+void launch_quantize_mxfp8(const uint16_t* x, int tokens, int hidden, const Mxfp8Buffers& out, cudaStream_t stream);
 // Pre-quantized input: codes + scales -> x_dequant.
 void launch_dequantize_mxfp8(const uint8_t* codes, const uint8_t* scales, int tokens, int hidden,
-                             uint16_t* x_dequant, cudaStream_t stream, bool overlap_previous = false);
+                             uint16_t* x_dequant, cudaStream_t stream);
 
 }  // namespace k3moe::kernels

@@ -232,6 +232,16 @@ TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
         want_tiles.push_back({e, first + t * c.tile_rows, std::min(c.tile_rows, count - t * c.tile_rows), 0});
       want_offset.push_back(first + count);
     }
+    // The MXFP8 rounding that rides in the launch (blocks 1..): the same bits as its own kernel's,
+    // from bf16 (odd kernels) and from the codes (even).
+    constexpr int kH = 96;
+    std::vector<uint16_t> x(size_t(c.tokens) * kH);
+    for (auto& v : x) v = float_to_bf16_bits(std::ldexp(float(int(rng() % 2001) - 1000), int(rng() % 40) - 20));
+    DeviceBuffer d_x = testing::to_device(x), want_codes(x.size()), want_scales(x.size() / 32),
+                 want_dequant(2 * x.size());
+    kernels::launch_quantize_mxfp8(d_x.get<uint16_t>(), c.tokens, kH,
+                                   {want_codes.get<uint8_t>(), want_scales.get<uint8_t>(), want_dequant.get<uint16_t>()},
+                                   nullptr);
     using kernels::PermuteKernel;
     for (auto kernel : {PermuteKernel::Auto, PermuteKernel::Warp, PermuteKernel::Block, PermuteKernel::Large}) {
       if ((kernel == PermuteKernel::Warp && slots > 512) || (kernel == PermuteKernel::Block && slots > 8192)) continue;
@@ -254,8 +264,19 @@ TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
       a.tile_info = tiles.get<int4>();
       a.num_tiles = num_tiles.get<int32_t>();
       a.unit_counters = counters.get<int>();
+      DeviceBuffer codes(x.size()), scales(x.size() / 32), dequant(2 * x.size());
+      const bool from_codes = int(kernel) % 2 == 0;
+      a.rounding = from_codes ? kernels::dequantizing(want_codes.get<uint8_t>(), want_scales.get<uint8_t>(), c.tokens,
+                                                      kH, dequant.get<uint16_t>())
+                              : kernels::quantizing(d_x.get<uint16_t>(), c.tokens, kH,
+                                                    {codes.get<uint8_t>(), scales.get<uint8_t>(), dequant.get<uint16_t>()});
       kernels::launch_permute(a, nullptr, kernel);
       K3MOE_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(testing::to_host<uint16_t>(dequant), testing::to_host<uint16_t>(want_dequant));
+      if (!from_codes) {
+        EXPECT_EQ(testing::to_host<uint8_t>(codes), testing::to_host<uint8_t>(want_codes));
+        EXPECT_EQ(testing::to_host<uint8_t>(scales), testing::to_host<uint8_t>(want_scales));
+      }
       EXPECT_EQ(testing::to_host<int32_t>(offset), want_offset);
       EXPECT_EQ(testing::to_host<int32_t>(slot_row), want_slot_row);
       std::vector<int32_t> got_row_token = testing::to_host<int32_t>(row_token);
