@@ -17,12 +17,14 @@ namespace k3moe::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-// NOTE: the outputs kernel keeps a token's 16 slots in flight: 104 registers in blocks of 128, 4
-// blocks per SM (with blocks of 256 ptxas gives 86, 2 blocks: the same 512 threads).
+// NOTE: 8 blocks of 128 per SM leave the outputs kernel 64 registers (59 used at top-16); holding
+// all 16 slots' values at once took 86-104, 4-5 blocks per SM, and ~1-2 us more at ep16 T = 256
+// (bench/NOTES.md, Session 12).
 constexpr int kOutputThreads = 128;
+constexpr int kOutputBlocksPerSm = 8;
 
 // Slot k's row of y (-1: none). The permutation wrote it and completed before GEMM2 started (the
-// launches' chain of waits), so the kernels read it before their own wait, off the critical path.
+// launches' chain of waits), so the kernels load it (or ask L1 for it) before their own wait.
 __device__ __forceinline__ int32_t slot_row_of(const CombineArgs& a, int token, int k) {
   return k < a.top_k ? a.slot_row[int64_t(token) * a.top_k + k] : -1;
 }
@@ -73,30 +75,29 @@ __global__ void __launch_bounds__(kThreads) combine_lanes_kernel(CombineArgs a, 
   if (k == 0 && h < a.hidden) store_outputs(a, token, h, v);
 }
 
+// The butterfly's tree evaluated leaf by leaf (post-order): only one path of partial sums lives, so
+// a thread needs few registers and more of them are resident (absent slots load nothing).
+template <int kLo, int kHi>
+__device__ __forceinline__ float4 subtree(const CombineArgs& a, int token, int h) {
+  if constexpr (kHi - kLo == 1) {
+    return slot_term(a, token, kLo, slot_row_of(a, token, kLo), h);
+  } else {
+    constexpr int kMid = (kLo + kHi) / 2;
+    const float4 l = subtree<kLo, kMid>(a, token, h), r = subtree<kMid, kHi>(a, token, h);
+    return make_float4(l.x + r.x, l.y + r.y, l.z + r.z, l.w + r.w);
+  }
+}
+
 template <int kGroup>
-__global__ void __launch_bounds__(kOutputThreads) combine_outputs_kernel(CombineArgs a) {
+__global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm) combine_outputs_kernel(CombineArgs a) {
   const int quads = a.hidden / 4;
   const int64_t index = int64_t(blockIdx.x) * kOutputThreads + threadIdx.x;
   if (index >= int64_t(a.tokens) * quads) return;
   const int token = int(index / quads), h = int(index % quads) * 4;
-  int32_t row[kGroup];
-#pragma unroll
-  for (int k = 0; k < kGroup; ++k) row[k] = slot_row_of(a, token, k);
+  ptx::prefetch_l1(a.slot_row + int64_t(token) * a.top_k);  // the rows, re-read from L1 below
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
-  float4 t[kGroup];
-#pragma unroll
-  for (int k = 0; k < kGroup; ++k) t[k] = slot_term(a, token, k, row[k], h);
-#pragma unroll
-  for (int width = 1; width < kGroup; width *= 2)
-#pragma unroll
-    for (int k = 0; k < kGroup; k += 2 * width) {
-      t[k].x += t[k + width].x;
-      t[k].y += t[k + width].y;
-      t[k].z += t[k + width].z;
-      t[k].w += t[k + width].w;
-    }
-  store_outputs(a, token, h, t[0]);
+  store_outputs(a, token, h, subtree<0, kGroup>(a, token, h));
 }
 
 template <int kGroup>

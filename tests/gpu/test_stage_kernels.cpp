@@ -239,9 +239,9 @@ TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
     for (auto& v : x) v = float_to_bf16_bits(std::ldexp(float(int(rng() % 2001) - 1000), int(rng() % 40) - 20));
     DeviceBuffer d_x = testing::to_device(x), want_codes(x.size()), want_scales(x.size() / 32),
                  want_dequant(2 * x.size());
-    kernels::launch_quantize_mxfp8(d_x.get<uint16_t>(), c.tokens, kH,
-                                   {want_codes.get<uint8_t>(), want_scales.get<uint8_t>(), want_dequant.get<uint16_t>()},
-                                   nullptr);
+    const kernels::Mxfp8Buffers want{want_codes.get<uint8_t>(), want_scales.get<uint8_t>(),
+                                     want_dequant.get<uint16_t>()};
+    kernels::launch_quantize_mxfp8(d_x.get<uint16_t>(), c.tokens, kH, want, nullptr);
     using kernels::PermuteKernel;
     for (auto kernel : {PermuteKernel::Auto, PermuteKernel::Warp, PermuteKernel::Block, PermuteKernel::Large}) {
       if ((kernel == PermuteKernel::Warp && slots > 512) || (kernel == PermuteKernel::Block && slots > 8192)) continue;
@@ -266,10 +266,9 @@ TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
       a.unit_counters = counters.get<int>();
       DeviceBuffer codes(x.size()), scales(x.size() / 32), dequant(2 * x.size());
       const bool from_codes = int(kernel) % 2 == 0;
-      a.rounding = from_codes ? kernels::dequantizing(want_codes.get<uint8_t>(), want_scales.get<uint8_t>(), c.tokens,
-                                                      kH, dequant.get<uint16_t>())
-                              : kernels::quantizing(d_x.get<uint16_t>(), c.tokens, kH,
-                                                    {codes.get<uint8_t>(), scales.get<uint8_t>(), dequant.get<uint16_t>()});
+      const kernels::Mxfp8Buffers got{codes.get<uint8_t>(), scales.get<uint8_t>(), dequant.get<uint16_t>()};
+      a.rounding = from_codes ? kernels::dequantizing(want.codes, want.scales, c.tokens, kH, got.x_dequant)
+                              : kernels::quantizing(d_x.get<uint16_t>(), c.tokens, kH, got);
       kernels::launch_permute(a, nullptr, kernel);
       K3MOE_CUDA_CHECK(cudaDeviceSynchronize());
       EXPECT_EQ(testing::to_host<uint16_t>(dequant), testing::to_host<uint16_t>(want_dequant));

@@ -100,6 +100,10 @@ namespace k3moe::ptx {
 // Programmatic dependent launch (sm_90): block until the grids this one depends on have finished
 // and their memory is visible; a no-op when launched without the attribute.
 __device__ __forceinline__ void griddepcontrol_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// Ask L1 for the line of `p` (no register, no wait).
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+}
 // Let the next kernel in the stream start its CTAs (they wait in griddepcontrol_wait for ours).
 __device__ __forceinline__ void griddepcontrol_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
