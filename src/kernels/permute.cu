@@ -42,6 +42,13 @@ __device__ __forceinline__ int2 warp_inclusive_sum(int2 v, int lane) {
   return v;
 }
 
+// Expert e's token tiles in the schedule, from `first_tile`.
+__device__ __forceinline__ void write_tiles(const PermuteArgs& a, int e, int32_t first_row, int32_t rows,
+                                            int32_t first_tile) {
+  for (int t = 0; t * a.tile_rows < rows; ++t)
+    a.tile_info[first_tile + t] = make_int4(e, first_row + t * a.tile_rows, min(a.tile_rows, rows - t * a.tile_rows), 0);
+}
+
 // Turns the per-(warp, expert) counts in `warp_rows` ([kWarps][num_local]) into each one's first
 // row, writes the experts' offsets and the GEMMs' tile schedule, and zeroes the unit counters.
 // `expert_rows` ([num_local]) ends as each expert's first row. Every thread of the block calls it.
@@ -71,9 +78,7 @@ __device__ __forceinline__ void assign_first_rows(const PermuteArgs& a, int32_t*
   if (e < a.num_local) {
     a.expert_offset[e] = first_row;
     expert_rows[e] = first_row;
-    for (int t = 0; t < tiles; ++t)
-      a.tile_info[first_tile + t] =
-          make_int4(e, first_row + t * a.tile_rows, min(a.tile_rows, rows - t * a.tile_rows), 0);
+    write_tiles(a, e, first_row, rows, first_tile);
   }
   if (threadIdx.x == 0) {
     a.expert_offset[a.num_local] = s_warp_sums[kWarps - 1].x;
@@ -216,9 +221,7 @@ __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
     if (e < a.num_local) {
       a.expert_offset[e] = first_row;
       next_row[e] = first_row;
-      for (int t = 0; t < tiles; ++t)
-        a.tile_info[first_tile + t] =
-            make_int4(e, first_row + t * a.tile_rows, min(a.tile_rows, count - t * a.tile_rows), 0);
+      write_tiles(a, e, first_row, count, first_tile);
     }
     rows_before += __shfl_sync(0xFFFFFFFFu, rows_incl, 31);
     tiles_before += __shfl_sync(0xFFFFFFFFu, tiles_incl, 31);
