@@ -118,9 +118,17 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
       uint8_t* st = smem + stage * T::kStageBytes;
       if (tid == 0) {
         ptx::mbarrier_arrive_expect_tx(&full[stage], code_bytes + scale_bytes);
-        ptx::cp_async_bulk_g2s(st + T::kActBytes, code_src + int64_t(c) * code_bytes, code_bytes, &full[stage]);
-        ptx::cp_async_bulk_g2s(st + T::kActBytes + T::kCodeBytes, scale_src + int64_t(c) * scale_bytes, scale_bytes,
-                               &full[stage]);
+        uint8_t* s_codes = st + T::kActBytes;
+        const uint8_t* g_codes = code_src + int64_t(c) * code_bytes;
+        const uint8_t* g_scales = scale_src + int64_t(c) * scale_bytes;
+        if (a.weights_once) {
+          const uint64_t policy = ptx::l2_policy_evict_first();
+          ptx::cp_async_bulk_g2s(s_codes, g_codes, code_bytes, &full[stage], policy);
+          ptx::cp_async_bulk_g2s(s_codes + T::kCodeBytes, g_scales, scale_bytes, &full[stage], policy);
+        } else {
+          ptx::cp_async_bulk_g2s(s_codes, g_codes, code_bytes, &full[stage]);
+          ptx::cp_async_bulk_g2s(s_codes + T::kCodeBytes, g_scales, scale_bytes, &full[stage]);
+        }
       }
       // Each warp instruction copies one k-half (128 bytes, full sectors) of four rows; a thread
       // copies two pieces of each of its rows 16 i + tid / 8 (one row offset read per two copies):

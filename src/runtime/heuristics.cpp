@@ -80,6 +80,7 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   } else {
     k.token_tile = rows <= 8.0 ? TokenTile::T8 : rows <= 16.0 ? TokenTile::T16 : TokenTile::T32;
   }
+  k.weights_once = rows <= kernels::tile_tokens(k.token_tile);
   if (kernels::tile_uses_wgmma(k.token_tile)) {  // K whole
     k.gemm_warps = mode == Mode::Mxfp8 ? 16 : 8;
     return k;
@@ -113,8 +114,9 @@ std::string KernelChoice::describe() const {
     const int n = kernels::tile_tokens(token_tile);
     std::snprintf(buf, sizeof buf,
                   "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + %d consumer warpgroups) over units "
-                  "of 256 weight rows x %d tokens, K whole (expected %.1f active experts, %.1f rows each)",
-                  n, gemm_warps / 4, n, expected_active_experts, expected_rows_per_expert);
+                  "of 256 weight rows x %d tokens, K whole%s (expected %.1f active experts, %.1f rows each)",
+                  n, gemm_warps / 4, n, weights_once ? ", weights read once (L2 evict_first)" : "",
+                  expected_active_experts, expected_rows_per_expert);
     return buf;
   }
   std::snprintf(buf, sizeof buf,

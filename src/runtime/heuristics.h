@@ -18,6 +18,7 @@ struct KernelChoice {
   int gemm2_splits = 1;  // K ranges of GEMM2 (summed by the combine)
   double expected_active_experts = 0.0;
   double expected_rows_per_expert = 0.0;
+  bool weights_once = false;  // expected rows per expert fit one token tile (ExpertGemmArgs)
 
   std::string describe() const;
 };

@@ -66,6 +66,12 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, 132).token_tile, kernels::TokenTile::Wg64);   // 37 rows
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 32, 132).token_tile, kernels::TokenTile::Wg32);   // 18 rows
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 16, 132).token_tile, kernels::TokenTile::T16);    // 9 rows
+  // The weights stream with evict_first where an expert's rows fit one tile; at T = 4096 every
+  // expert's weights feed ~18 tiles, which share them through L2.
+  EXPECT_TRUE(choose_kernels(c, ExpertParallel{1, 0}, 32, 132).weights_once);
+  EXPECT_TRUE(choose_kernels(c, ExpertParallel{1, 0}, 128, 132).weights_once);
+  EXPECT_FALSE(choose_kernels(c, ExpertParallel{1, 0}, 512, 132).weights_once);
+  EXPECT_FALSE(big.weights_once);
   // Forced: a tile alone picks the kernel that has it; the rest follows.
   const KernelChoice forced = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::Auto, 32);
   EXPECT_EQ(forced.token_tile, kernels::TokenTile::T32);
