@@ -22,11 +22,14 @@ static_assert(kPermuteMaxLocalExperts <= kThreads, "one expert per thread in the
 constexpr int kBlockRounds = 8;  // rounds of 32 slots per warp in the block kernel's registers
 constexpr int kBlockSlots = kThreads * kBlockRounds;
 
-// Blocks past the first: their items of the rounding job; false for block 0 (the permutation).
-__device__ __forceinline__ bool ran_rounding(const PermuteArgs& a) {
-  if (blockIdx.x == 0) return false;
+// Every kernel's start: wait for the previous kernel and let the next one launch; blocks 1.. then
+// run their items of the rounding job. True for block 0, the permutation.
+__device__ __forceinline__ bool start_permutation_block(const PermuteArgs& a) {
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+  if (blockIdx.x == 0) return true;
   run_mxfp8_rounding(a.rounding, int64_t(blockIdx.x - 1) * blockDim.x + threadIdx.x);
-  return true;
+  return false;
 }
 
 __device__ __forceinline__ int local_of(const PermuteArgs& a, int id) {
@@ -46,7 +49,8 @@ __device__ __forceinline__ int2 warp_inclusive_sum(int2 v, int lane) {
 __device__ __forceinline__ void write_tiles(const PermuteArgs& a, int e, int32_t first_row, int32_t rows,
                                             int32_t first_tile) {
   for (int t = 0; t * a.tile_rows < rows; ++t)
-    a.tile_info[first_tile + t] = make_int4(e, first_row + t * a.tile_rows, min(a.tile_rows, rows - t * a.tile_rows), 0);
+    a.tile_info[first_tile + t] =
+        make_int4(e, first_row + t * a.tile_rows, min(a.tile_rows, rows - t * a.tile_rows), 0);
 }
 
 // Turns the per-(warp, expert) counts in `warp_rows` ([kWarps][num_local]) into each one's first
@@ -108,9 +112,7 @@ __device__ __forceinline__ void write_row(const PermuteArgs& a, int64_t slot, in
 // among its warp's earlier slots of the same expert in registers between the passes.
 __global__ void __launch_bounds__(kThreads, 1) permute_block_kernel(PermuteArgs a) {
   const auto [warp_rows, expert_rows] = block_counts(a);
-  ptx::griddepcontrol_wait();
-  ptx::griddepcontrol_launch_dependents();
-  if (ran_rounding(a)) return;
+  if (!start_permutation_block(a)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int slots = a.tokens * a.top_k;
   const int rounds = (slots + kThreads - 1) / kThreads;
@@ -145,9 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1) permute_block_kernel(PermuteArgs 
 // Warp w owns a contiguous range of slots; pass 2 walks it again (ranks recomputed by match_any).
 __global__ void __launch_bounds__(kThreads, 1) permute_large_kernel(PermuteArgs a) {
   const auto [warp_rows, expert_rows] = block_counts(a);
-  ptx::griddepcontrol_wait();
-  ptx::griddepcontrol_launch_dependents();
-  if (ran_rounding(a)) return;
+  if (!start_permutation_block(a)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t slots = int64_t(a.tokens) * a.top_k;
   const int64_t per_warp = (slots + kWarps - 1) / kWarps;
@@ -182,9 +182,7 @@ constexpr int kWarpRounds = kWarpSlots / 32;
 
 __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
   extern __shared__ int32_t next_row[];  // [num_local]: counts, then each expert's next row
-  ptx::griddepcontrol_wait();
-  ptx::griddepcontrol_launch_dependents();
-  if (ran_rounding(a)) return;
+  if (!start_permutation_block(a)) return;
   const int lane = threadIdx.x;
   const int slots = a.tokens * a.top_k;
   int local[kWarpRounds];  // slot 32 i + lane's local expert, -1 if none
