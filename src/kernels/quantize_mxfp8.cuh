@@ -1,8 +1,8 @@
 // MXFP8 activations, once per token (not per expert): x [T, H] bf16 -> E4M3 codes [T, H] and E8M0
 // scales [T, H/32] (bytes; the same memory is the packed [T, H/128] int32 form), by the contract's
-// round-up rule (formats.h: mx_scale_round_up, float_to_e4m3). Both kernels also write x_dequant
-// [T, H] bf16, the exact values the GEMM consumes (every E4M3 value times a power of two in range
-// is a bf16 value).
+// round-up rule (formats.h: mx_scale_round_up, float_to_e4m3). Both directions (quantizing bf16,
+// or dequantizing pre-quantized input) also write x_dequant [T, H] bf16, the exact values the GEMM
+// consumes (every E4M3 value times a power of two in range is a bf16 value).
 #pragma once
 
 #include <cuda_runtime_api.h>
