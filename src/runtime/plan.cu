@@ -291,7 +291,7 @@ std::string MoePlan::describe(int tokens) const {
   std::ostringstream out;
   out << "mode " << to_string(o.mode) << ", activation " << to_string(o.activation) << ", EP rank " << o.ep.rank
       << "/" << o.ep.size << " (" << impl_->num_local << " local experts from " << impl_->first_expert << ")\n"
-      << "routing: one warp per token, top-" << o.config.top_k << " of " << o.config.num_experts << "\n"
+      << "routing: one CTA of 4 warps per token, top-" << o.config.top_k << " of " << o.config.num_experts << "\n"
       << (o.mode == Mode::Mxfp8 ? "MXFP8 quantization of x: once per token, on blocks of the permutation's launch\n"
                                 : "")
       << "permutation: one CTA, deterministic (t, k) order\n"

@@ -60,6 +60,37 @@ TEST(RoutingKernel, EqualsReferenceBitwiseOnK3Shapes) {
   EXPECT_EQ(got_biased.weights, want_biased.weights);
 }
 
+// Expert counts and K across the kernel's range: a warp with fewer than K experts (or none),
+// K = E, K = 1, and the limits (1024 experts, K = 32), with ties among equal choices.
+TEST(RoutingKernel, EqualsReferenceBitwiseAcrossExpertCountsAndK) {
+  K3MOE_REQUIRE_GPU();
+  const int shapes[][2] = {{28, 16}, {16, 16}, {8, 1}, {100, 7}, {257, 32}, {1024, 32}, {1024, 1}, {300, 20}};
+  for (const auto& [E, K] : shapes) {
+    MoeConfig config;
+    config.num_experts = E;
+    config.top_k = K;
+    const MoePlan plan = make_plan(config);
+    const int T = 200;
+    std::mt19937_64 rng(uint64_t(E) * 131 + K);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> logits(size_t(T) * E), bias(E);
+    for (auto& v : logits) v = normal(rng);
+    for (auto& v : bias) v = 0.01f * normal(rng);
+    for (int t = 0; t < T; t += 7)  // rounded logits: many equal choices
+      for (int e = 0; e < E; ++e) logits[size_t(t) * E + e] = std::round(logits[size_t(t) * E + e]);
+    for (int t = 3; t < T; t += 11)
+      for (int e = 0; e < E; ++e) logits[size_t(t) * E + e] = -1.0f;
+    std::vector<float> tie_bias = bias;
+    for (int e = 0; e < E; e += 2) tie_bias[e] = 0.0f;
+    for (const auto* b : {&bias, &tie_bias}) {
+      const Routing want = route_reference(logits, *b, T, config);
+      const Routing got = gpu_route(plan, logits, *b, T);
+      EXPECT_EQ(got.ids, want.ids) << "E = " << E << ", K = " << K;
+      EXPECT_EQ(got.weights, want.weights) << "E = " << E << ", K = " << K;
+    }
+  }
+}
+
 TEST(RoutingKernel, NonFiniteLogitsGiveValidDistinctIdsAndFiniteWeights) {
   K3MOE_REQUIRE_GPU();
   const MoeConfig config;
