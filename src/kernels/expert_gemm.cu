@@ -327,7 +327,7 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
     if (inputs_pending) {
       const int early = min(T::kStages, unit.chunk_end - unit.chunk_begin);  // stages 0 .. early - 1, free
       if (lane == 0) {
-        p.ring[0] = unit;
+        p.ring[slot % Pipeline::kRing] = unit;
         for (int s = 0; s < early; ++s) copier.weights(smem + s * T::kStageBytes, chunk + s, &full[s]);
       }
       ptx::griddepcontrol_wait();
