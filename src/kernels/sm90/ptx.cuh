@@ -55,7 +55,8 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 }
 
 // Both bf16 halves of a times half kHalf of b (0: the low 16 bits), round-to-nearest-even. The
-// broadcast is a PTX pack, which ptxas folds into the multiply's operand (.H0_H0 / .H1_H1).
+// broadcast is a PTX pack, which ptxas folds into the multiply's operand (.H0_H0 / .H1_H1); one
+// asm string over a C++ `b >> 16` does not fold (an SHF per multiply), hence two strings.
 template <int kHalf>
 __device__ __forceinline__ uint32_t mul_bf16x2_by_half(uint32_t a, uint32_t b) {
   static_assert(kHalf == 0 || kHalf == 1);
