@@ -8,7 +8,7 @@
 
 namespace k3moe::kernels {
 
-inline constexpr int kRoutingMaxExperts = 1024;  // 32 per lane of the warp that routes a token
+inline constexpr int kRoutingMaxExperts = 1024;  // 8 per thread of the CTA that routes a token
 inline constexpr int kRoutingMaxTopK = 32;       // one slot per lane
 
 struct RoutingArgs {
