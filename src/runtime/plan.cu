@@ -209,13 +209,14 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::PermuteArgs permute{ids, int(T), int(K), p.first_expert, p.num_local, ws.expert_offset, ws.row_token,
                                ws.slot_row, kernels::tile_tokens(choice.token_tile), ws.tile_info, ws.num_tiles,
                                ws.unit_counters};
-  if (o.mode == Mode::Mxfp8 && x_prequantized) {
-    permute.rounding = kernels::dequantizing(data_ptr<uint8_t>(args.x), data_ptr<uint8_t>(args.x_scales), int(T),
-                                             int(H), ws.x_dequant);
-  } else if (o.mode == Mode::Mxfp8) {
-    permute.rounding = kernels::quantizing(x_act, int(T), int(H), {ws.x_codes, ws.x_scales, ws.x_dequant});
+  if (o.mode == Mode::Mxfp8) {
+    permute.rounding = x_prequantized ? kernels::dequantizing(data_ptr<uint8_t>(args.x),
+                                                              data_ptr<uint8_t>(args.x_scales), int(T), int(H),
+                                                              ws.x_dequant)
+                                      : kernels::quantizing(x_act, int(T), int(H),
+                                                            {ws.x_codes, ws.x_scales, ws.x_dequant});
+    x_act = ws.x_dequant;
   }
-  if (o.mode == Mode::Mxfp8) x_act = ws.x_dequant;
   kernels::launch_permute(permute, stream);
 
   const int64_t rows = T * K;  // capacity of the row buffers
