@@ -40,6 +40,9 @@ struct ExpertGemmArgs {
   // Each weight feeds one unit only (every expert's rows fit one token tile): the wgmma kernel then
   // streams the weights with an L2 evict_first policy, as the mma.sync kernels always do.
   bool weights_once = false;
+  // wgmma: each unit's wgmmas only as wide as its tile's rows (rounded up to a step of 16 or 32),
+  // for the fractional last tiles of a few tiles per expert; else every unit at the tile's width.
+  bool unit_widths = false;
 };
 
 struct GemmOutput {

@@ -22,12 +22,15 @@
 //             completed. Four warpgroups of 104 registers run the MXFP8 epilogue faster (measured:
 //             bench/NOTES.md, Session 4); two of 232 run the bf16 epilogue faster.
 // Small N streams weights (decode-like, more stages in flight); large N reuses each widened
-// fragment over more tokens (prefill).
+// fragment over more tokens (prefill). With ExpertGemmArgs::unit_widths, a unit's wgmmas are only
+// as wide as its tile's rows rounded up to 16 or 32 (an expert's last tile is often a fraction of
+// N), so its tensor work shrinks with them; the producer still fills (zeros) the whole tile.
 // Epilogues store from the accumulators, whose per-warp layout is mma.sync's (rows g and g + 8 of
 // each 16 are gate and up of one output, by the W13 row order):
 //   GEMM1: act(h_gate, h_up) as bf16 (A16) or MXFP8 (group amax over the 4 warps of an m64 tile);
 //   GEMM2: fp32 rows.
 #include <cstdint>
+#include <type_traits>
 
 #include "k3moe/activation.h"
 #include "k3moe/formats.h"
@@ -61,6 +64,10 @@ struct WgTile {
   // (kThreads x the launch bound's 168 or 96): 128 x 40 + 128 kConsumers x kConsumerRegs <= it,
   // or setmaxnreg.inc waits forever.
   static constexpr int kProducerRegs = 40, kConsumerRegs = kConsumers == 2 ? 232 : 104;
+  // The unit widths (wgmma N) the consumers run: the multiples of this up to kTokens. NOTE: more
+  // variants of the chunk loop make ptxas serialize the wgmmas (at 104 registers any second one;
+  // at 232, eight of N = 128's activation kernel).
+  static constexpr int kWidthStep = kConsumers == 4 ? kTokens : kTokens == 128 ? 32 : 16;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8));
 
   static_assert(kRowsPerCta == layout::kGroupRowBlocks * layout::kBlockRows, "a unit is one row group");
@@ -79,6 +86,23 @@ struct WgUnit {
 
 __device__ __forceinline__ WgUnit wg_unit(const ExpertGemmArgs& a, int u, int row_groups) {
   return {a.tile_info[u / row_groups], u % row_groups};
+}
+
+// The wgmma N of a unit: its tile's rows rounded up to T::kWidthStep (<= T::kTokens).
+template <class T>
+__device__ __forceinline__ int unit_width(const WgUnit& unit) {
+  return (unit.tile.z + T::kWidthStep - 1) / T::kWidthStep * T::kWidthStep;
+}
+
+// f(std::integral_constant<int, n>) for the unit width n (kWidths), or for T::kTokens.
+template <class T, bool kWidths, int kN = T::kWidthStep, class F>
+__device__ __forceinline__ void with_width(int n, F&& f) {
+  if constexpr (!kWidths || kN >= T::kTokens) {
+    f(std::integral_constant<int, kN>{});
+  } else {
+    if (n == kN) f(std::integral_constant<int, kN>{});
+    else with_width<T, kWidths, kN + T::kWidthStep>(n, f);
+  }
 }
 
 // The producer warpgroup: fills stage after stage with the chunks of this CTA's units.
@@ -164,7 +188,7 @@ using WgAccumulators = float[T::kMTiles][T::kTokens / 2];
 
 // One chunk's wgmmas for consumer warpgroup `cwg`; `release` is the stage to hand back once the
 // wgmmas that read it have completed (-1: none), cleared when done.
-template <class T>
+template <class T, int kN>
 __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int warp, int lane, bool first,
                                               WgAccumulators<T>& acc, int& release, uint64_t* empty) {
   const uint8_t* s_codes = st + T::kActBytes;
@@ -186,7 +210,8 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int wa
       ptx::wgmma_fence();
 #pragma unroll
       for (int i = 0; i < T::kMTiles; ++i)
-        ptx::wgmma_bf16_rs<T::kTokens>(acc[i], afrag[i], desc, first && kb == 0 && kk == 0);
+        ptx::wgmma_bf16_rs<kN>(*reinterpret_cast<float(*)[kN / 2]>(&acc[i][0]), afrag[i], desc,
+                               first && kb == 0 && kk == 0);
       ptx::wgmma_commit();
       ptx::wgmma_wait<1>();
       if (kb == 0 && kk == 0 && release >= 0) {  // the previous chunk's wgmmas are complete
@@ -199,7 +224,7 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int wa
 
 template <class T, Epilogue kEpi>
 __device__ __forceinline__ void store_wg_unit(const ExpertGemmArgs& a, const GemmOutput& out, const WgUnit& unit,
-                                              int cwg, int warp, int lane, WgAccumulators<T>& acc,
+                                              int width, int cwg, int warp, int lane, WgAccumulators<T>& acc,
                                               uint32_t (*s_amax)[32]) {
   const int g = lane / 4, col0 = 2 * (lane % 4);
 #pragma unroll
@@ -212,6 +237,7 @@ __device__ __forceinline__ void store_wg_unit(const ExpertGemmArgs& a, const Gem
       const int out_cols = a.N / 2, j = row_block * 8 + g;
 #pragma unroll
       for (int q0 = 0; q0 < T::kTokens / 8; q0 += kQ) {
+        if (q0 * 8 >= width) break;
         float v[kQ][2];
 #pragma unroll
         for (int q = 0; q < kQ; ++q)
@@ -254,17 +280,19 @@ __device__ __forceinline__ void store_wg_unit(const ExpertGemmArgs& a, const Gem
     } else {
       static_assert(kEpi == Epilogue::Rows, "K is never split on this path");
 #pragma unroll
-      for (int q = 0; q < T::kTokens / 8; ++q)
+      for (int q = 0; q < T::kTokens / 8; ++q) {
+        if (q * 8 >= width) break;
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int r = q * 8 + col0 + c % 2, n = row_block * 16 + g + 8 * (c / 2);
           if (r < unit.tile.z && n < a.N) out.rows[int64_t(unit.tile.y + r) * a.N + n] = acc[i][4 * q + c];
         }
+      }
     }
   }
 }
 
-template <class T, Epilogue kEpi>
+template <class T, Epilogue kEpi, bool kWidths>
 __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(ExpertGemmArgs a, GemmOutput out) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
@@ -296,24 +324,30 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   int seq = 0, release = -1;
   for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
     const WgUnit unit = wg_unit(a, u, row_groups);
-    for (int c = 0; c < chunks; ++c, ++seq) {
-      const int stage = seq % T::kStages;
-      ptx::mbarrier_wait_parity(&s_full[stage], (seq / T::kStages) & 1);
-      ptx::fence_proxy_async_shared();  // the cp.async rows, seen by the tensor cores
-      consume_chunk<T>(smem + stage * T::kStageBytes, cwg, warp, lane, c == 0, acc, release, s_empty);
-      release = stage;
-    }
+    const int width = kWidths ? unit_width<T>(unit) : T::kTokens;
+    with_width<T, kWidths>(width, [&](auto n) {
+      for (int c = 0; c < chunks; ++c, ++seq) {
+        const int stage = seq % T::kStages;
+        ptx::mbarrier_wait_parity(&s_full[stage], (seq / T::kStages) & 1);
+        ptx::fence_proxy_async_shared();  // the cp.async rows, seen by the tensor cores
+        consume_chunk<T, n()>(smem + stage * T::kStageBytes, cwg, warp, lane, c == 0, acc, release, s_empty);
+        release = stage;
+      }
+    });
     ptx::wgmma_wait<0>();
     if (lane == 0) ptx::mbarrier_arrive(&s_empty[release]);
     release = -1;
-    store_wg_unit<T, kEpi>(a, out, unit, cwg, warp, lane, acc, s_amax[cwg]);
+    store_wg_unit<T, kEpi>(a, out, unit, width, cwg, warp, lane, acc, s_amax[cwg]);
   }
 }
 
 template <int kTokens, int kConsumers>
 void configure_tile() {
   using T = WgTile<kTokens, kConsumers>;
-  for (auto kernel : {expert_gemm_wgmma_kernel<T, Epilogue::Activation>, expert_gemm_wgmma_kernel<T, Epilogue::Rows>})
+  for (auto kernel : {expert_gemm_wgmma_kernel<T, Epilogue::Activation, false>,
+                      expert_gemm_wgmma_kernel<T, Epilogue::Rows, false>,
+                      expert_gemm_wgmma_kernel<T, Epilogue::Activation, true>,
+                      expert_gemm_wgmma_kernel<T, Epilogue::Rows, true>})
     K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
 }
 
@@ -326,7 +360,10 @@ void configure_tiles() {
 template <int kTokens, int kConsumers>
 void launch_tile(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, cudaStream_t stream) {
   using T = WgTile<kTokens, kConsumers>;
-  auto kernel = gemm1 ? expert_gemm_wgmma_kernel<T, Epilogue::Activation> : expert_gemm_wgmma_kernel<T, Epilogue::Rows>;
+  auto kernel = args.unit_widths ? (gemm1 ? expert_gemm_wgmma_kernel<T, Epilogue::Activation, true>
+                                          : expert_gemm_wgmma_kernel<T, Epilogue::Rows, true>)
+                                 : (gemm1 ? expert_gemm_wgmma_kernel<T, Epilogue::Activation, false>
+                                          : expert_gemm_wgmma_kernel<T, Epilogue::Rows, false>);
   launch_dependent(kernel, args.sm_count, T::kThreads, T::kSmemBytes, stream, args, out);
 }
 

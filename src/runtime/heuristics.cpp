@@ -83,6 +83,11 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   k.weights_once = rows <= kernels::tile_tokens(k.token_tile);
   if (kernels::tile_uses_wgmma(k.token_tile)) {  // K whole
     k.gemm_warps = mode == Mode::Mxfp8 ? 16 : 8;
+    // NOTE: an expert's last tile holds its rows modulo the tile; narrower wgmmas for it pay while
+    // it is a sizeable part of the expert's tiles, and cost ~0.5-2 % from ~20 tiles (code of the
+    // other widths in the kernel; measured local28 a16: T = 512, 3 tiles, -8.5 %; ep16 T = 8192, 2,
+    // -8.3 %; T = 4096, 19, +0.5 %; T = 16384, 74, +1.7 %; bench/NOTES.md, Session 14).
+    k.unit_widths = std::ceil(rows / kernels::tile_tokens(k.token_tile)) <= 6.0;
     return k;
   }
   if (k.token_tile == kernels::TokenTile::T32 && rows >= 64.0) k.gemm_warps = 8;
@@ -109,13 +114,14 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
 }
 
 std::string KernelChoice::describe() const {
-  char buf[320];
+  char buf[384];
   if (kernels::tile_uses_wgmma(token_tile)) {
     const int n = kernels::tile_tokens(token_tile);
     std::snprintf(buf, sizeof buf,
                   "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + %d consumer warpgroups) over units "
-                  "of 256 weight rows x %d tokens, K whole%s (expected %.1f active experts, %.1f rows each)",
-                  n, gemm_warps / 4, n, weights_once ? ", weights read once (L2 evict_first)" : "",
+                  "of 256 weight rows x %d tokens%s, K whole%s (expected %.1f active experts, %.1f rows each)",
+                  n, gemm_warps / 4, n, unit_widths ? " (wgmma N: the tile's rows rounded up)" : "",
+                  weights_once ? ", weights read once (L2 evict_first)" : "",
                   expected_active_experts, expected_rows_per_expert);
     return buf;
   }

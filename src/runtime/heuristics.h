@@ -19,6 +19,7 @@ struct KernelChoice {
   double expected_active_experts = 0.0;
   double expected_rows_per_expert = 0.0;
   bool weights_once = false;  // expected rows per expert fit one token tile (ExpertGemmArgs)
+  bool unit_widths = false;   // wgmma: units as wide as their tile's rows (ExpertGemmArgs)
 
   std::string describe() const;
 };

@@ -292,10 +292,11 @@ std::vector<Case> matrix(bool quick) {
       for (int T : all_tokens) add("reduced", reduced, {1, 0}, mode, act, T, RoutingKind::Logits);
   // The wgmma kernels, forced: the reduced shape's 16 experts do not fill the SMs with their units,
   // so the heuristic keeps it on mma.sync. T / 4 rows per expert: tiles of 32, 64 and 128 tokens,
-  // partial and several per expert; H = 384 gives GEMM2 a partial row group.
+  // partial and several per expert (T = 768: last tiles of 50-80 rows, wgmmas of N = 64 and 96 in the
+  // 128-token kernel); H = 384 gives GEMM2 a partial row group.
   for (Mode mode : modes)
     for (Activation act : activations)
-      for (int T : quick ? std::vector<int>{257} : std::vector<int>{33, 129, 257, 1024, 4097}) {
+      for (int T : quick ? std::vector<int>{257} : std::vector<int>{33, 129, 257, 768, 1024, 4097}) {
         add("reduced", reduced, {1, 0}, mode, act, T, RoutingKind::Logits);
         cases.back().kernel = GemmKernel::Wgmma;
       }
