@@ -98,7 +98,7 @@ __device__ __forceinline__ int unit_width(const WgUnit& unit) {
 template <class T, bool kWidths, int kN = T::kWidthStep, class F>
 __device__ __forceinline__ void with_width(int n, F&& f) {
   if constexpr (!kWidths || kN >= T::kTokens) {
-    f(std::integral_constant<int, kN>{});
+    f(std::integral_constant<int, T::kTokens>{});
   } else {
     if (n == kN) f(std::integral_constant<int, kN>{});
     else with_width<T, kWidths, kN + T::kWidthStep>(n, f);
