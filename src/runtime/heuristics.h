@@ -33,8 +33,9 @@ struct KernelChoice {
 // T = 128 636 us against 704 with 4). The wgmma kernel runs 2 consumer warpgroups of 2 m64 tiles
 // in `A16` mode and 4 of 1 in `Mxfp8` mode, whose GEMM1 epilogue (group amax, E4M3 rounding) needs
 // the registers (measured local28 T = 4096 mxfp8 11.78 -> 9.90 ms; a16 equal at 4096 and up to 6 %
-// slower at T = 32..128 with 4). The split cost model: heuristics.cpp. `forced_kernel` and
-// `forced_tile` (PlanOptions) fix either; the rest is chosen for them.
+// slower at T = 32..128 with 4); while an expert has at most 6 tiles, each unit's wgmmas are only
+// as wide as its tile's rows (the last tile's remainder). The split cost model: heuristics.cpp.
+// `forced_kernel` and `forced_tile` (PlanOptions) fix either; the rest is chosen for them.
 KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count,
                             GemmKernel forced_kernel = GemmKernel::Auto, int forced_tile = 0, Mode mode = Mode::A16);
 
