@@ -187,6 +187,41 @@ __device__ __forceinline__ uint64_t wgmma_desc_k_major_sw128(const void* smem) {
   return start | (kLeading << 16) | (kStride << 32) | (kSwizzle128 << 62);
 }
 
+// The operands of an m64nNk16 wgmma, in the order the asm below numbers them: the N / 2
+// accumulators (%0 ..), 8 at a time, then the four A registers, the B descriptor and !zero_d.
+#define K3MOE_WGMMA_R8_0 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define K3MOE_WGMMA_R8_1 "%8, %9, %10, %11, %12, %13, %14, %15"
+#define K3MOE_WGMMA_R8_2 "%16, %17, %18, %19, %20, %21, %22, %23"
+#define K3MOE_WGMMA_R8_3 "%24, %25, %26, %27, %28, %29, %30, %31"
+#define K3MOE_WGMMA_R8_4 "%32, %33, %34, %35, %36, %37, %38, %39"
+#define K3MOE_WGMMA_R8_5 "%40, %41, %42, %43, %44, %45, %46, %47"
+#define K3MOE_WGMMA_R8_6 "%48, %49, %50, %51, %52, %53, %54, %55"
+#define K3MOE_WGMMA_R8_7 "%56, %57, %58, %59, %60, %61, %62, %63"
+#define K3MOE_WGMMA_REGS_16 K3MOE_WGMMA_R8_0
+#define K3MOE_WGMMA_REGS_32 K3MOE_WGMMA_REGS_16 ", " K3MOE_WGMMA_R8_1
+#define K3MOE_WGMMA_REGS_48 K3MOE_WGMMA_REGS_32 ", " K3MOE_WGMMA_R8_2
+#define K3MOE_WGMMA_REGS_64 K3MOE_WGMMA_REGS_48 ", " K3MOE_WGMMA_R8_3
+#define K3MOE_WGMMA_REGS_80 K3MOE_WGMMA_REGS_64 ", " K3MOE_WGMMA_R8_4
+#define K3MOE_WGMMA_REGS_96 K3MOE_WGMMA_REGS_80 ", " K3MOE_WGMMA_R8_5
+#define K3MOE_WGMMA_REGS_112 K3MOE_WGMMA_REGS_96 ", " K3MOE_WGMMA_R8_6
+#define K3MOE_WGMMA_REGS_128 K3MOE_WGMMA_REGS_112 ", " K3MOE_WGMMA_R8_7
+#define K3MOE_WGMMA_ACC8(i) \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define K3MOE_WGMMA_ACCS_16 K3MOE_WGMMA_ACC8(0)
+#define K3MOE_WGMMA_ACCS_32 K3MOE_WGMMA_ACCS_16, K3MOE_WGMMA_ACC8(8)
+#define K3MOE_WGMMA_ACCS_48 K3MOE_WGMMA_ACCS_32, K3MOE_WGMMA_ACC8(16)
+#define K3MOE_WGMMA_ACCS_64 K3MOE_WGMMA_ACCS_48, K3MOE_WGMMA_ACC8(24)
+#define K3MOE_WGMMA_ACCS_80 K3MOE_WGMMA_ACCS_64, K3MOE_WGMMA_ACC8(32)
+#define K3MOE_WGMMA_ACCS_96 K3MOE_WGMMA_ACCS_80, K3MOE_WGMMA_ACC8(40)
+#define K3MOE_WGMMA_ACCS_112 K3MOE_WGMMA_ACCS_96, K3MOE_WGMMA_ACC8(48)
+#define K3MOE_WGMMA_ACCS_128 K3MOE_WGMMA_ACCS_112, K3MOE_WGMMA_ACC8(56)
+#define K3MOE_WGMMA_BF16_RS(N, A0, A1, A2, A3, DESC, ZERO)                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.u32 p, %" #ZERO ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N        \
+               "k16.f32.bf16.bf16 {" K3MOE_WGMMA_REGS_##N "}, {%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #DESC \
+               ", p, 1, 1, 0;\n}\n"                                                                         \
+               : K3MOE_WGMMA_ACCS_##N                                                                      \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(uint32_t(!zero_d)))
+
 // D (+)= A B, m64nNk16 (N = 16, 32, .., 128), fp32 accumulators: A (bf16, 64 x 16) from
 // registers, each warp of the warpgroup 16 rows in the mma.sync m16n8k16 A-fragment layout; B
 // (N x 16 bf16, K-major) by descriptor; D in the m16n8 accumulator layout per 8 columns.
@@ -195,143 +230,41 @@ template <int N>
 __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc,
                                               bool zero_d) {
   static_assert(N % 16 == 0 && N >= 16 && N <= 128, "the instantiated wgmma widths");
-  if constexpr (N == 16) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.u32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7"
-        "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(uint32_t(!zero_d)));
-  }
-  if constexpr (N == 32) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.u32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(uint32_t(!zero_d)));
-  }
-  if constexpr (N == 48) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.u32 p, %29, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23"
-        "}, {%24, %25, %26, %27}, %28, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(uint32_t(!zero_d)));
-  }
-  if constexpr (N == 64) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.u32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(uint32_t(!zero_d)));
-  }
-  if constexpr (N == 80) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.u32 p, %45, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39"
-        "}, {%40, %41, %42, %43}, %44, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(uint32_t(!zero_d)));
-  }
-  if constexpr (N == 96) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.u32 p, %53, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
-        "}, {%48, %49, %50, %51}, %52, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(uint32_t(!zero_d)));
-  }
-  if constexpr (N == 112) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.u32 p, %61, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55"
-        "}, {%56, %57, %58, %59}, %60, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(uint32_t(!zero_d)));
-  }
-  if constexpr (N == 128) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.u32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(uint32_t(!zero_d)));
-  }
+  if constexpr (N == 16) K3MOE_WGMMA_BF16_RS(16, 8, 9, 10, 11, 12, 13);
+  if constexpr (N == 32) K3MOE_WGMMA_BF16_RS(32, 16, 17, 18, 19, 20, 21);
+  if constexpr (N == 48) K3MOE_WGMMA_BF16_RS(48, 24, 25, 26, 27, 28, 29);
+  if constexpr (N == 64) K3MOE_WGMMA_BF16_RS(64, 32, 33, 34, 35, 36, 37);
+  if constexpr (N == 80) K3MOE_WGMMA_BF16_RS(80, 40, 41, 42, 43, 44, 45);
+  if constexpr (N == 96) K3MOE_WGMMA_BF16_RS(96, 48, 49, 50, 51, 52, 53);
+  if constexpr (N == 112) K3MOE_WGMMA_BF16_RS(112, 56, 57, 58, 59, 60, 61);
+  if constexpr (N == 128) K3MOE_WGMMA_BF16_RS(128, 64, 65, 66, 67, 68, 69);
 }
+#undef K3MOE_WGMMA_R8_0
+#undef K3MOE_WGMMA_R8_1
+#undef K3MOE_WGMMA_R8_2
+#undef K3MOE_WGMMA_R8_3
+#undef K3MOE_WGMMA_R8_4
+#undef K3MOE_WGMMA_R8_5
+#undef K3MOE_WGMMA_R8_6
+#undef K3MOE_WGMMA_R8_7
+#undef K3MOE_WGMMA_REGS_16
+#undef K3MOE_WGMMA_REGS_32
+#undef K3MOE_WGMMA_REGS_48
+#undef K3MOE_WGMMA_REGS_64
+#undef K3MOE_WGMMA_REGS_80
+#undef K3MOE_WGMMA_REGS_96
+#undef K3MOE_WGMMA_REGS_112
+#undef K3MOE_WGMMA_REGS_128
+#undef K3MOE_WGMMA_ACC8
+#undef K3MOE_WGMMA_ACCS_16
+#undef K3MOE_WGMMA_ACCS_32
+#undef K3MOE_WGMMA_ACCS_48
+#undef K3MOE_WGMMA_ACCS_64
+#undef K3MOE_WGMMA_ACCS_80
+#undef K3MOE_WGMMA_ACCS_96
+#undef K3MOE_WGMMA_ACCS_112
+#undef K3MOE_WGMMA_ACCS_128
+#undef K3MOE_WGMMA_BF16_RS
 
 // Raise (consumers) or lower (producers) the registers of every thread of this warpgroup.
 template <int kRegs>
