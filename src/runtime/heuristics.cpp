@@ -83,7 +83,6 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   k.weights_once = rows <= kernels::tile_tokens(k.token_tile);
   if (kernels::tile_uses_wgmma(k.token_tile)) {  // K whole
     k.gemm_warps = mode == Mode::Mxfp8 ? 16 : 8;
-    k.gemm2_warps = 8;  // GEMM2's epilogue stores fp32 rows in both modes
     // NOTE: an expert's last tile holds its rows modulo the tile; narrower wgmmas for it pay while
     // it is a sizeable part of the expert's tiles, and cost ~0.5-2 % from ~20 tiles (code of the
     // other widths in the kernel; measured local28 a16: T = 512, 3 tiles, -8.5 %; ep16 T = 8192, 2,
@@ -111,7 +110,6 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
                                                           units1 < 0.5 * target ? 2.0 : 0.0);
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
                                  c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25, 2.0);
-  k.gemm2_warps = k.gemm_warps;
   return k;
 }
 
@@ -120,10 +118,9 @@ std::string KernelChoice::describe() const {
   if (kernels::tile_uses_wgmma(token_tile)) {
     const int n = kernels::tile_tokens(token_tile);
     std::snprintf(buf, sizeof buf,
-                  "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + %d (GEMM1) / %d (GEMM2) consumer "
-                  "warpgroups) over units of 256 weight rows x %d tokens%s, K whole%s (expected %.1f active experts, "
-                  "%.1f rows each)",
-                  n, gemm_warps / 4, gemm2_warps / 4, n, unit_widths ? " (wgmma N: the tile's rows rounded up)" : "",
+                  "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + %d consumer warpgroups) over units "
+                  "of 256 weight rows x %d tokens%s, K whole%s (expected %.1f active experts, %.1f rows each)",
+                  n, gemm_warps / 4, n, unit_widths ? " (wgmma N: the tile's rows rounded up)" : "",
                   weights_once ? ", weights read once (L2 evict_first)" : "",
                   expected_active_experts, expected_rows_per_expert);
     return buf;

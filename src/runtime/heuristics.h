@@ -12,9 +12,8 @@ namespace k3moe {
 struct KernelChoice {
   kernels::TokenTile token_tile = kernels::TokenTile::T8;
   // mma.sync: warps per CTA (8: 32-token tiles at prefill, 2 m-tiles per warp); wgmma: consumer
-  // warps (8 or 16, see choose_kernels). GEMM1's, and GEMM2's.
+  // warps (8 or 16, see choose_kernels).
   int gemm_warps = 4;
-  int gemm2_warps = 4;
   int gemm1_splits = 1;  // K ranges of GEMM1 (> 1: partial rows + the activation stage)
   int gemm2_splits = 1;  // K ranges of GEMM2 (summed by the combine)
   double expected_active_experts = 0.0;

@@ -244,7 +244,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::GemmOutput out2;
   out2.rows = ws.y;
   out2.split_stride = rows * c.hidden;
-  kernels::launch_expert_gemm2(g2, out2, choice.token_tile, choice.gemm2_warps, stream);
+  kernels::launch_expert_gemm2(g2, out2, choice.token_tile, choice.gemm_warps, stream);
 
   kernels::launch_combine({ws.y, rows * c.hidden, choice.gemm2_splits, ws.slot_row, weights,
                            data_ptr<uint16_t>(args.out), int(T), int(K), int(H)},
