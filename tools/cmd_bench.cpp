@@ -313,8 +313,8 @@ void register_bench(CLI::App& app) {
       ->delimiter(',')
       ->expected(1, 2)
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--tile", o->tile, "Force the expert GEMMs' token tile: 8, 16, 32 (mma.sync) or 32, 64, 96, 128 (wgmma); 0: the heuristic's")
-      ->check(CLI::IsMember({0, 8, 16, 32, 64, 96, 128}));
+  cmd->add_option("--tile", o->tile, "Force the expert GEMMs' token tile: 8, 16, 24, 32 (mma.sync) or 32, 64, 96, 128 (wgmma); 0: the heuristic's")
+      ->check(CLI::IsMember({0, 8, 16, 24, 32, 64, 96, 128}));
   cmd->add_option("--kernel", o->kernel, "Force the expert GEMMs' kernel: auto, mmasync or wgmma")
       ->check(CLI::IsMember({"auto", "mmasync", "wgmma"}));
   cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");

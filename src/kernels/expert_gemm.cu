@@ -2,7 +2,7 @@
 //
 // Operands are swapped: the weights are the mma's A side (16 rows per m-tile), the tokens its
 // 8-wide B side, so one token does not waste a 64-row tile. A unit of work is 256 weight rows
-// (4 warps x 4 m-tiles, or 8 x 2) of one expert, one tile of 8/16/32 of that expert's token rows
+// (4 warps x 4 m-tiles, or 8 x 2) of one expert, one tile of 8/16/24/32 of that expert's token rows
 // and one range of K; persistent CTAs take units from a counter and stream K in chunks of 128
 // through one pipeline of 3 to 8 stages that runs across units. A producer warp fills each stage:
 // the weight blocks (already in fragment order, expert_layout.cuh) and their scales by two bulk
@@ -44,7 +44,7 @@ struct Tile {
   static constexpr int kRowsPerCta = 16 * kRowBlocks;  // 256
   static constexpr int kChunkK = 128;
   static constexpr int kChunkBlocks = kChunkK / layout::kBlockK;
-  // NOTE: three stages (~60 KB) let three CTAs share an SM at 8 and 16 tokens, where latency
+  // NOTE: three stages (~60-72 KB) let three CTAs share an SM at 8 to 24 tokens, where latency
   // hiding needs warps; at 32 tokens the tile is larger and two CTAs with four stages fit, or one
   // CTA of 8 consumer warps (two would leave them 96 registers, and GEMM2 spills).
   static constexpr int kStages = kNT == 4 ? (kWarps == 8 ? 8 : 4) : 3;
@@ -422,6 +422,7 @@ void configure() {
 // 32-token tiles at prefill (the same weight rows and shared memory per CTA, twice the warps).
 using Tile8 = Tile<1, 4>;
 using Tile16 = Tile<2, 4>;
+using Tile24 = Tile<3, 4>;
 using Tile32 = Tile<4, 4>;
 using Tile32Wide = Tile<4, 8>;
 
@@ -430,6 +431,7 @@ void launch_tile(TokenTile tile, int warps, const ExpertGemmArgs& a, const GemmO
   switch (tile) {
     case TokenTile::T8: return launch<Tile8, kEpi>(a, out, stream);
     case TokenTile::T16: return launch<Tile16, kEpi>(a, out, stream);
+    case TokenTile::T24: return launch<Tile24, kEpi>(a, out, stream);
     case TokenTile::T32:
       if (warps == 8) return launch<Tile32Wide, kEpi>(a, out, stream);
       return launch<Tile32, kEpi>(a, out, stream);
@@ -443,6 +445,7 @@ void launch_tile(TokenTile tile, int warps, const ExpertGemmArgs& a, const GemmO
 void configure_expert_gemm_kernels() {
   configure<Tile8>();
   configure<Tile16>();
+  configure<Tile24>();
   configure<Tile32>();
   configure<Tile32Wide>();
   configure_expert_gemm_wgmma_kernels();
@@ -473,6 +476,7 @@ int gemm_ctas_per_sm(TokenTile tile) {
   switch (tile) {
     case TokenTile::T8: return Tile8::kMinBlocksPerSm;
     case TokenTile::T16: return Tile16::kMinBlocksPerSm;
+    case TokenTile::T24: return Tile24::kMinBlocksPerSm;
     case TokenTile::T32: return Tile32::kMinBlocksPerSm;
     default: return 1;  // the wgmma kernels
   }

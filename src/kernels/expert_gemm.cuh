@@ -12,12 +12,12 @@
 
 namespace k3moe::kernels {
 
-// Token tiles a launch can use: 8, 16 or 32 tokens per CTA on the mma.sync kernels (1, 2 or 4
+// Token tiles a launch can use: 8, 16, 24 or 32 tokens per CTA on the mma.sync kernels (1 to 4
 // n-tiles of 8), or 32, 64, 96 or 128 on the wgmma kernel (expert_gemm_wgmma.cu; K whole).
-enum class TokenTile { T8, T16, T32, Wg32, Wg64, Wg96, Wg128 };
+enum class TokenTile { T8, T16, T24, T32, Wg32, Wg64, Wg96, Wg128 };
 
 constexpr int tile_tokens(TokenTile t) {
-  constexpr int kTokens[] = {8, 16, 32, 32, 64, 96, 128};
+  constexpr int kTokens[] = {8, 16, 24, 32, 32, 64, 96, 128};
   return kTokens[int(t)];
 }
 constexpr bool tile_uses_wgmma(TokenTile t) { return t >= TokenTile::Wg32; }

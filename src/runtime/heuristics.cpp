@@ -51,10 +51,10 @@ kernels::TokenTile tile_of(GemmKernel kernel, int tokens) {
                           : TokenTile::Wg128;
   }
   const bool wgmma_only = tokens == 64 || tokens == 96 || tokens == 128;
-  K3MOE_CHECK(tokens == 8 || tokens == 16 || tokens == 32 || (kernel == GemmKernel::Auto && wgmma_only),
-              "the mma.sync kernels take token tiles of 8, 16 or 32 (wgmma: 32, 64, 96, 128), got ", tokens);
+  K3MOE_CHECK(tokens == 8 || tokens == 16 || tokens == 24 || tokens == 32 || (kernel == GemmKernel::Auto && wgmma_only),
+              "the mma.sync kernels take token tiles of 8, 16, 24 or 32 (wgmma: 32, 64, 96, 128), got ", tokens);
   if (tokens > 32) return tile_of(GemmKernel::Wgmma, tokens);
-  return tokens == 8 ? TokenTile::T8 : tokens == 16 ? TokenTile::T16 : TokenTile::T32;
+  return tokens == 8 ? TokenTile::T8 : tokens == 16 ? TokenTile::T16 : tokens == 24 ? TokenTile::T24 : TokenTile::T32;
 }
 
 }  // namespace
@@ -71,14 +71,22 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   // GEMM2's units (fewer row groups than GEMM1's) against one CTA per SM.
   const double wgmma_units = k.expected_active_experts * std::max(1.0, std::ceil(rows / wgmma_tokens)) *
                              std::ceil(double(c.hidden) / kernels::kGemmRowsPerCta);
+  // NOTE: up to ~20 rows per expert the mma.sync kernel's 24-token tiles (3 CTAs per SM) beat the
+  // wgmma kernel's 32 (measured local28 a16 / mxfp8: T = 32, 18.3 rows, 206.5 / 216.2 us against
+  // 216.0 / 232.2); at 22.9 rows (T = 40) a third of the experts need a second tile and wgmma wins
+  // (218-220 / 235-236 against 250 / 258-261); at 13.7 rows 16-token tiles win (bench/NOTES.md,
+  // Session 15).
   const bool wgmma = forced_kernel == GemmKernel::Wgmma ||
-                     (forced_kernel == GemmKernel::Auto && rows > 16.0 && wgmma_units >= sm_count);
+                     (forced_kernel == GemmKernel::Auto && rows > 20.0 && wgmma_units >= sm_count);
   if (forced_tile != 0) {
     k.token_tile = tile_of(forced_kernel, forced_tile);
   } else if (wgmma) {
     k.token_tile = tile_of(GemmKernel::Wgmma, wgmma_tokens);
   } else {
-    k.token_tile = rows <= 8.0 ? TokenTile::T8 : rows <= 16.0 ? TokenTile::T16 : TokenTile::T32;
+    k.token_tile = rows <= 8.0    ? TokenTile::T8
+                   : rows <= 16.0 ? TokenTile::T16
+                   : rows <= 24.0 ? TokenTile::T24
+                                  : TokenTile::T32;
   }
   k.weights_once = rows <= kernels::tile_tokens(k.token_tile);
   if (kernels::tile_uses_wgmma(k.token_tile)) {  // K whole
@@ -95,21 +103,28 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   const double tiles = k.expected_active_experts * std::max(1.0, std::ceil(rows / tile_rows));
   const double target = double(sm_count) * kernels::gemm_ctas_per_sm(k.token_tile);
   const int rows_per_cta = kernels::kGemmRowsPerCta;
-  // NOTE: GEMM1's ranges add the activation stage and 2I fp32 per row and range. From 1.5 waves of
-  // units K stays whole (measured: ep16 T = 256, 3.4 waves, 276.9 us against 283.1 with two ranges;
-  // local28 T = 8, 1.7 waves, 143.7-144.6 against 145.9-146.3); below, ranges shorten the tail,
-  // which late units run on SMs that other CTAs have left: the cost model picks them (ep32 T = 64,
-  // 1.2 waves: 4 ranges 96.7-96.9 / 109.9-110.0 us a16 / mxfp8, 2 ranges 100.5-100.8 / 115.0-115.2,
-  // K whole 111 / 133; bench/NOTES.md, Sessions 10-11).
+  // NOTE: GEMM1's ranges add the activation stage and 2I fp32 per row and range. From 2 waves of
+  // units K stays whole (measured: ep16 T = 256, 3.4 waves, 276.9 us against 283.1 with two ranges);
+  // from 1.5 to 2 waves two ranges halve the second wave's tail (local28 T = 8, 1.7 waves: (2, 2)
+  // 136.5-137.1 / 135.7-137.2 us a16 / mxfp8 against K whole (1, 3) 138.5-138.9 / 138.7-139.5,
+  // three rounds, Session 15; the cost model would pick 4 ranges there, measured worse in Session
+  // 13); below, ranges shorten the tail, which late units run on SMs that other CTAs have left: the
+  // cost model picks them (ep32 T = 64, 1.2 waves: 4 ranges 96.7-96.9 / 109.9-110.0 us, 2 ranges
+  // 100.5-100.8 / 115.0-115.2, K whole 111 / 133; bench/NOTES.md, Sessions 10-11).
   const double units1 = tiles * std::ceil(2.0 * c.intermediate / rows_per_cta);
   const int chunks1 = c.hidden / kernels::kGemmChunkK;
   // Below half a wave, two units per CTA at least, as GEMM2 (ep32 T = 8, 90 units: 10 ranges
   // 42.6 / 44.8 us a16 / mxfp8 against 45.8 / 48.3 with 4; bench/NOTES.md, Session 10).
-  k.gemm1_splits = units1 >= 1.5 * target ? 1
-                                          : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5,
-                                                          units1 < 0.5 * target ? 2.0 : 0.0);
+  k.gemm1_splits = units1 >= 2.0 * target   ? 1
+                   : units1 >= 1.5 * target ? std::min(2, chunks1)
+                                            : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5,
+                                                            units1 < 0.5 * target ? 2.0 : 0.0);
+  // GEMM2's CTAs start behind GEMM1's tail (two waves of units at least, see choose_splits), or
+  // together behind the activation stage when GEMM1 splits K (one wave: local28 T = 8's (2, 2)
+  // above against (2, 3) 137.8-138.5 / 138.7-139.0).
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
-                                 c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25, 2.0);
+                                 c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25,
+                                 k.gemm1_splits > 1 ? 1.0 : 2.0);
   return k;
 }
 

@@ -285,8 +285,8 @@ std::vector<Case> matrix(bool quick) {
     cases.push_back(c);
   };
   const MoeConfig reduced = reduced_config();
-  const std::vector<int> all_tokens = quick ? std::vector<int>{0, 1, 17, 129}
-                                            : std::vector<int>{0, 1, 2, 3, 8, 17, 32, 127, 128, 129, 1024, 4097};
+  const std::vector<int> all_tokens = quick ? std::vector<int>{0, 1, 17, 90, 129}
+                                            : std::vector<int>{0, 1, 2, 3, 8, 17, 32, 90, 127, 128, 129, 1024, 4097};
   for (Mode mode : modes)
     for (Activation act : activations)
       for (int T : all_tokens) add("reduced", reduced, {1, 0}, mode, act, T, RoutingKind::Logits);

@@ -45,10 +45,13 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(one.gemm_warps, 4);
   EXPECT_EQ(one.gemm1_splits, 1);
   EXPECT_GE(one.gemm2_splits * 16 * 14, 2 * 396);
-  // GEMM1's K: whole from 1.5 waves of units (T = 8: 27.5 expected experts x 24 units, 1.7 waves;
-  // EP16 T = 256: 55 experts, 3.4 waves), the cost model's ranges below (EP32 T = 64: 19 experts,
-  // 1.2 waves: 4 ranges of 7 chunks, 5 per CTA at most, against 2 x 28 whole or 3 x 14 in two).
-  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 8, 132).gemm1_splits, 1);
+  // GEMM1's K: whole from 2 waves of units (EP16 T = 256: 55 experts, 3.4 waves), two ranges from
+  // 1.5 (T = 8: 27.5 expected experts x 24 units, 1.7 waves; GEMM2 then from one wave: 2 ranges),
+  // the cost model's ranges below (EP32 T = 64: 19 experts, 1.2 waves: 4 ranges of 7 chunks, 5 per
+  // CTA at most, against 2 x 28 whole or 3 x 14 in two).
+  const KernelChoice eight = choose_kernels(c, ExpertParallel{1, 0}, 8, 132);
+  EXPECT_EQ(eight.gemm1_splits, 2);
+  EXPECT_EQ(eight.gemm2_splits, 2);
   EXPECT_EQ(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{16, 0}, 256, 132).gemm1_splits, 1);
   EXPECT_EQ(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{32, 0}, 64, 132).gemm1_splits, 4);
   // Below half a wave (EP32 T = 8: 3.7 experts x 24 = 90 units), at least two units per CTA.
@@ -64,7 +67,8 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::Auto, 0, Mode::Mxfp8).gemm_warps, 16);
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 128, 132).token_tile, kernels::TokenTile::Wg96);  // 73 rows
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, 132).token_tile, kernels::TokenTile::Wg64);   // 37 rows
-  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 32, 132).token_tile, kernels::TokenTile::Wg32);   // 18 rows
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 40, 132).token_tile, kernels::TokenTile::Wg32);   // 23 rows
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 32, 132).token_tile, kernels::TokenTile::T24);    // 18 rows
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 16, 132).token_tile, kernels::TokenTile::T16);    // 9 rows
   // The weights stream with evict_first where an expert's rows fit one tile; at T = 4096 every
   // expert's weights feed ~18 tiles, which share them through L2.
@@ -91,14 +95,15 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
 }
 
 TEST(Heuristics, FewExpertsStayOnTheSplittingKernel) {
-  // EP32 rank, T = 1024: 18 rows on each of 28 experts fill the SMs with wgmma units; the same
+  // EP32 rank, T = 1280: 23 rows on each of 28 experts fill the SMs with wgmma units; the same
   // rows on 2 experts (a reduced rank) would not, and go to mma.sync with K split.
   MoeConfig c = MoeConfig::kimi_k3();
-  EXPECT_TRUE(kernels::tile_uses_wgmma(choose_kernels(c, ExpertParallel{32, 0}, 1024, 132).token_tile));
+  EXPECT_TRUE(kernels::tile_uses_wgmma(choose_kernels(c, ExpertParallel{32, 0}, 1280, 132).token_tile));
   MoeConfig few = c;
   few.num_experts = 64;
-  const KernelChoice k = choose_kernels(few, ExpertParallel{32, 0}, 72, 132);  // 2 local experts, 18 rows each
-  EXPECT_EQ(k.token_tile, kernels::TokenTile::T32);
+  const KernelChoice k = choose_kernels(few, ExpertParallel{32, 0}, 90, 132);  // 2 local experts, 22.5 rows each
+  EXPECT_EQ(k.token_tile, kernels::TokenTile::T24);
+  EXPECT_EQ(choose_kernels(few, ExpertParallel{32, 0}, 120, 132).token_tile, kernels::TokenTile::T32);  // 30 rows
   EXPECT_GT(k.gemm1_splits * k.gemm2_splits, 1);
 }
 
