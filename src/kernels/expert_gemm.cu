@@ -151,11 +151,9 @@ struct ChunkCopier {
 template <class T>
 using Accumulators = float[T::kMTiles][T::kNT][4];
 
-// One chunk's MMAs from a landed stage: every warp its 4 m-tiles x the unit's first `live_nt`
-// token n-tiles (the rest of the tile is padding: zero rows, never stored).
+// One chunk's MMAs from a landed stage: every warp its 4 m-tiles x all token n-tiles.
 template <class T>
-__device__ __forceinline__ void compute_chunk(const uint8_t* stage, int warp, int lane, int live_nt,
-                                              Accumulators<T>& acc) {
+__device__ __forceinline__ void compute_chunk(const uint8_t* stage, int warp, int lane, Accumulators<T>& acc) {
   const uint8_t* s_codes = stage;
   const uint8_t* s_scales = s_codes + T::kCodeBytes;
   const uint16_t* s_act = reinterpret_cast<const uint16_t*>(s_scales + T::kScaleBytes);
@@ -171,7 +169,6 @@ __device__ __forceinline__ void compute_chunk(const uint8_t* stage, int warp, in
       uint32_t bfrag[T::kNT][2];
 #pragma unroll
       for (int q = 0; q < T::kNT; ++q) {
-        if (q > 0 && q >= live_nt) break;
         const uint16_t* row =
             s_act + (q * 8 + lane % 8) * T::kActStride + kb * layout::kBlockK + kk * 16 + ((lane / 8) % 2) * 8;
         ptx::ldmatrix_x2(bfrag[q][0], bfrag[q][1], row);
@@ -181,10 +178,7 @@ __device__ __forceinline__ void compute_chunk(const uint8_t* stage, int warp, in
         uint32_t afrag[4];
         widen_step(code[i], mult[i], kk, afrag);
 #pragma unroll
-        for (int q = 0; q < T::kNT; ++q) {
-          if (q > 0 && q >= live_nt) break;
-          ptx::mma_bf16_16816(acc[i][q], afrag, bfrag[q][0], bfrag[q][1]);
-        }
+        for (int q = 0; q < T::kNT; ++q) ptx::mma_bf16_16816(acc[i][q], afrag, bfrag[q][0], bfrag[q][1]);
       }
     }
   }
@@ -394,7 +388,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     ptx::mbarrier_wait_parity(&s_full[at.stage], at.phase);
     const Unit unit = p.ring[slot % Pipeline::kRing];
     if (unit.expert < 0) break;
-    const int live_nt = (unit.tile_count + 7) / 8;
 #pragma unroll
     for (int i = 0; i < T::kMTiles; ++i)
 #pragma unroll
@@ -402,7 +395,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
 #pragma unroll
         for (int c = 0; c < 4; ++c) acc[i][q][c] = 0.0f;
     for (int chunk = unit.chunk_begin;;) {
-      compute_chunk<T>(smem + at.stage * T::kStageBytes, warp, lane, live_nt, acc);
+      compute_chunk<T>(smem + at.stage * T::kStageBytes, warp, lane, acc);
       ptx::mbarrier_arrive(&s_empty[at.stage]);
       at.advance();
       if (++chunk == unit.chunk_end) break;
