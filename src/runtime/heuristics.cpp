@@ -61,7 +61,6 @@ kernels::TokenTile tile_of(GemmKernel kernel, int tokens) {
 
 KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, int sm_count, GemmKernel forced_kernel,
                             int forced_tile, Mode mode) {
-  using kernels::TokenTile;
   KernelChoice k;
   const double local = ep.num_local(c.num_experts);
   k.expected_rows_per_expert = double(tokens) * c.top_k / c.num_experts;
@@ -83,10 +82,7 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   } else if (wgmma) {
     k.token_tile = tile_of(GemmKernel::Wgmma, wgmma_tokens);
   } else {
-    k.token_tile = rows <= 8.0    ? TokenTile::T8
-                   : rows <= 16.0 ? TokenTile::T16
-                   : rows <= 24.0 ? TokenTile::T24
-                                  : TokenTile::T32;
+    k.token_tile = tile_of(GemmKernel::MmaSync, rows <= 8.0 ? 8 : rows <= 16.0 ? 16 : rows <= 24.0 ? 24 : 32);
   }
   k.weights_once = rows <= kernels::tile_tokens(k.token_tile);
   if (kernels::tile_uses_wgmma(k.token_tile)) {  // K whole

@@ -29,8 +29,8 @@ struct KernelChoice {
 // streamed against empty tile columns: up to 20 rows the mma.sync kernels (8, 16 or 24 tokens),
 // which split K so that a few experts still keep every SM streaming; above, the wgmma kernel with
 // 32, 64, 96 or 128 tokens (K whole), as long as its units (token tile x 256 weight rows) fill the
-// SMs once, else mma.sync's 24- or 32-token tiles with K split (8 warps from 64 rows: measured local28
-// T = 128 636 us against 704 with 4). The wgmma kernel runs 2 consumer warpgroups of 2 m64 tiles
+// SMs once, else mma.sync's 24- or 32-token tiles with K split (8 warps from 64 rows: measured
+// local28 T = 128 636 us against 704 with 4). The wgmma kernel runs 2 consumer warpgroups of 2 m64 tiles
 // in `A16` mode and 4 of 1 in `Mxfp8` mode, whose GEMM1 epilogue (group amax, E4M3 rounding) needs
 // the registers (measured local28 T = 4096 mxfp8 11.78 -> 9.90 ms; a16 equal at 4096 and up to 6 %
 // slower at T = 32..128 with 4); while an expert has at most 6 tiles, each unit's wgmmas are only
