@@ -112,6 +112,11 @@ TEST(Heuristics, ForcedTileMustBeOneTheKernelsHave) {
   EXPECT_THROW(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::Auto, 48), Error);
   EXPECT_THROW(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::MmaSync, 64), Error);
   EXPECT_THROW(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::Wgmma, 16), Error);
+  // 24 tokens: an mma.sync tile only.
+  EXPECT_THROW(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::Wgmma, 24), Error);
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::MmaSync, 24).token_tile,
+            kernels::TokenTile::T24);
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::Auto, 24).token_tile, kernels::TokenTile::T24);
 }
 
 }  // namespace
