@@ -30,8 +30,12 @@ __device__ __forceinline__ void add4(float4& a, const float4& b) {
 }
 
 __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) {
+  // NOTE: released early, GEMM2 launches while GEMM1 still runs: its CTAs take the SMs that GEMM1's
+  // tail frees and stream their first weights there. They read this stage's output only after
+  // their own wait, which covers this stage's end (and so GEMM1's).
+  if (a.release_early) ptx::griddepcontrol_launch_dependents();
   ptx::griddepcontrol_wait();
-  ptx::griddepcontrol_launch_dependents();
+  if (!a.release_early) ptx::griddepcontrol_launch_dependents();
   // NOTE: a grid of a few waves strides over the rows in use (the grid is sized without knowing
   // how many of the T K slots are local). Whole warps leave together (I / 4 is a multiple of 32):
   // the shuffles below see all 32 lanes.
@@ -93,8 +97,17 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream) {
               " must be a multiple of ", 32 * kVector);
   const int64_t threads = int64_t(args.max_rows) * (args.intermediate / kVector);
   if (threads == 0) return;
-  const int64_t blocks = std::min<int64_t>((threads + kThreads - 1) / kThreads, int64_t(args.sm_count) * 8);
+  // Released early, one CTA per SM: every CTA is then resident (beside GEMM1's) and has released
+  // GEMM2 while GEMM1 runs.
+  const int64_t blocks = std::min<int64_t>((threads + kThreads - 1) / kThreads,
+                                           int64_t(args.sm_count) * (args.release_early ? 1 : 8));
   launch_dependent(activation_kernel, dim3(unsigned(blocks)), kThreads, 0, stream, args);
+}
+
+cudaFuncAttributes activation_kernel_attributes() {
+  cudaFuncAttributes attributes{};
+  K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, activation_kernel));
+  return attributes;
 }
 
 }  // namespace k3moe::kernels

@@ -26,8 +26,13 @@ struct ActivationArgs {
   Mode mode = Mode::A16;
   Activation activation = Activation::Situ;
   ActivationParams params;
+  // Let GEMM2 launch before this stage waits for GEMM1, and run one CTA per SM. It pays only where
+  // that CTA fits beside GEMM1's on every SM (KernelChoice::activation_beside_gemm1).
+  bool release_early = false;
 };
 
 void launch_activation(const ActivationArgs& args, cudaStream_t stream);
+// The kernel's resources (registers, shared memory), for the test that it fits beside GEMM1's CTAs.
+cudaFuncAttributes activation_kernel_attributes();
 
 }  // namespace k3moe::kernels

@@ -482,4 +482,20 @@ int gemm_ctas_per_sm(TokenTile tile) {
   }
 }
 
+cudaFuncAttributes expert_gemm1_split_attributes(TokenTile tile, size_t* dynamic_smem) {
+  cudaFuncAttributes attributes{};
+  const auto get = [&](auto kernel, int smem) {
+    K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    *dynamic_smem = size_t(smem);
+  };
+  switch (tile) {
+    case TokenTile::T8: get(expert_gemm_kernel<Tile8, Epilogue::GateUpRows>, Tile8::kSmemBytes); break;
+    case TokenTile::T16: get(expert_gemm_kernel<Tile16, Epilogue::GateUpRows>, Tile16::kSmemBytes); break;
+    case TokenTile::T24: get(expert_gemm_kernel<Tile24, Epilogue::GateUpRows>, Tile24::kSmemBytes); break;
+    case TokenTile::T32: get(expert_gemm_kernel<Tile32, Epilogue::GateUpRows>, Tile32::kSmemBytes); break;
+    default: K3MOE_CHECK(false, "expert_gemm1_split_attributes: mma.sync tiles only");
+  }
+  return attributes;
+}
+
 }  // namespace k3moe::kernels

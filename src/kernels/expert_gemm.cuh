@@ -71,6 +71,9 @@ void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out,
                               bool gemm1, cudaStream_t stream);
 // Resident CTAs per SM of a launch (the persistent grid is sm_count times this).
 int gemm_ctas_per_sm(TokenTile tile);
+// The resources of the mma.sync GEMM1 kernel with K split (partial rows) for `tile` (T8 .. T32,
+// 4 warps), and its dynamic shared memory per CTA.
+cudaFuncAttributes expert_gemm1_split_attributes(TokenTile tile, size_t* dynamic_smem);
 
 // The row-count granularity the kernels need: N a multiple of 16, K of 128.
 inline constexpr int kGemmKMultiple = 128;

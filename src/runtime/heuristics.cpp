@@ -118,6 +118,14 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   // GEMM2's CTAs start behind GEMM1's tail (two waves of units at least, see choose_splits), or
   // together behind the activation stage when GEMM1 splits K (one wave: local28 T = 8's (2, 2)
   // above against (2, 3) 137.8-138.5 / 138.7-139.0).
+  // NOTE: three 8-token CTAs (72-77 registers x 160 threads each) leave 27 K registers of an SM, room
+  // for one 256-thread activation CTA (76 registers), so GEMM2 can start in GEMM1's tail; the 16-
+  // and 24-token CTAs leave less, and released early there GEMM2 waited as before while the stage
+  // ran one CTA per SM (local28 T = 16 / 32 +5 / +4 %). Measured released early, a16 / mxfp8 us:
+  // local28 T = 8 137.7-138.7 / 140.4-141.0 -> 135.2-135.9 / 139.3, ep32 T = 64 90.5-91.9 /
+  // 102.9-103.5 -> 87.7-87.8 / 101.1-101.3, ep32 T = 8 40.9-41.3 / 42.2-42.3 -> 39.3 / 40.0-40.3
+  // (bench/NOTES.md, Session 16).
+  k.activation_beside_gemm1 = k.gemm1_splits > 1 && k.token_tile == kernels::TokenTile::T8;
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
                                  c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25,
                                  k.gemm1_splits > 1 ? 1.0 : 2.0);
@@ -138,8 +146,9 @@ std::string KernelChoice::describe() const {
   }
   std::snprintf(buf, sizeof buf,
                 "expert GEMMs: mma.sync bf16 m16n8k16, persistent CTAs of %d warps over units of 256 weight "
-                "rows x %d tokens; K split %d (GEMM1) and %d (GEMM2) (expected %.1f active experts, %.1f rows each)",
-                gemm_warps, kernels::tile_tokens(token_tile), gemm1_splits, gemm2_splits, expected_active_experts,
+                "rows x %d tokens; K split %d (GEMM1) and %d (GEMM2)%s (expected %.1f active experts, %.1f rows each)",
+                gemm_warps, kernels::tile_tokens(token_tile), gemm1_splits, gemm2_splits,
+                activation_beside_gemm1 ? ", GEMM2 released in GEMM1's tail" : "", expected_active_experts,
                 expected_rows_per_expert);
   return buf;
 }

@@ -227,10 +227,11 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
   kernels::launch_expert_gemm1(g1, out1, choice.token_tile, choice.gemm_warps, stream);
   if (choice.gemm1_splits > 1) {
-    kernels::launch_activation({ws.h, rows * 2 * c.intermediate, choice.gemm1_splits, ws.expert_offset, p.num_local,
+    kernels::ActivationArgs act{ws.h, rows * 2 * c.intermediate, choice.gemm1_splits, ws.expert_offset, p.num_local,
                                 int(rows), p.sm_count, c.intermediate, ws.inter, o.mode, o.activation,
-                                o.activation_params},
-                               stream);
+                                o.activation_params};
+    act.release_early = choice.activation_beside_gemm1;
+    kernels::launch_activation(act, stream);
   }
   kernels::ExpertGemmArgs g2 = g1;
   g2.codes = w.data.w2_codes;

@@ -52,6 +52,13 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   const KernelChoice eight = choose_kernels(c, ExpertParallel{1, 0}, 8, 132);
   EXPECT_EQ(eight.gemm1_splits, 2);
   EXPECT_EQ(eight.gemm2_splits, 2);
+  // GEMM2 is released in GEMM1's tail where the activation stage fits beside the 8-token GEMM1
+  // (stage test ActivationStage.OneCtaFitsBesideThreeEightTokenGemm1Ctas); K whole has no stage.
+  EXPECT_TRUE(eight.activation_beside_gemm1);
+  EXPECT_FALSE(one.activation_beside_gemm1);
+  EXPECT_TRUE(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{32, 0}, 64, 132).activation_beside_gemm1);
+  EXPECT_FALSE(choose_kernels(c, ExpertParallel{1, 0}, 16, 132).activation_beside_gemm1);  // 16-token tiles
+  EXPECT_FALSE(choose_kernels(c, ExpertParallel{1, 0}, 32, 132).activation_beside_gemm1);  // 24-token tiles
   EXPECT_EQ(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{16, 0}, 256, 132).gemm1_splits, 1);
   EXPECT_EQ(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{32, 0}, 64, 132).gemm1_splits, 4);
   // Below half a wave (EP32 T = 8: 3.7 experts x 24 = 90 units), at least two units per CTA.

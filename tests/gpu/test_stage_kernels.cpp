@@ -11,7 +11,9 @@
 #include "k3moe/formats.h"
 #include "k3moe/quantize.h"
 #include "k3moe/reference.h"
+#include "kernels/activation.cuh"
 #include "kernels/combine.cuh"
+#include "kernels/expert_gemm.cuh"
 #include "kernels/permute.cuh"
 #include "kernels/quantize_mxfp8.cuh"
 #include "runtime/device_tensor.h"
@@ -173,6 +175,33 @@ TEST(DequantizeMxfp8Kernel, EveryCodeTimesEveryKindOfScaleEqualsTheHost) {
       ASSERT_EQ(got[i], float_to_bf16_bits(want)) << "code " << int(codes[i]) << " scale " << int(scales[i / 32]);
     }
   }
+}
+
+// KernelChoice::activation_beside_gemm1 lets GEMM2 start in GEMM1's tail only if one activation CTA
+// is resident next to the three CTAs of the 8-token GEMM1 on every SM (registers are allocated per
+// warp, in steps of 8 per thread); a kernel change that grows either kernel past that would keep
+// the results and silently lose the overlap (heuristics.cpp).
+TEST(ActivationStage, OneCtaFitsBesideThreeEightTokenGemm1Ctas) {
+  K3MOE_REQUIRE_GPU();
+  int device = 0, registers = 0, smem = 0, threads = 0;
+  K3MOE_CUDA_CHECK(cudaGetDevice(&device));
+  K3MOE_CUDA_CHECK(cudaDeviceGetAttribute(&registers, cudaDevAttrMaxRegistersPerMultiprocessor, device));
+  K3MOE_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  K3MOE_CUDA_CHECK(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+  const auto cta_registers = [](const cudaFuncAttributes& a, int cta_threads) {
+    return (cta_threads + 31) / 32 * 32 * ((a.numRegs + 7) / 8 * 8);
+  };
+  size_t gemm_dynamic = 0;
+  const cudaFuncAttributes gemm = kernels::expert_gemm1_split_attributes(kernels::TokenTile::T8, &gemm_dynamic);
+  const cudaFuncAttributes act = kernels::activation_kernel_attributes();
+  const int gemm_ctas = kernels::gemm_ctas_per_sm(kernels::TokenTile::T8);
+  ASSERT_EQ(gemm_ctas, 3);
+  const int act_threads = 256;
+  EXPECT_LE(gemm_ctas * cta_registers(gemm, gemm.maxThreadsPerBlock) + cta_registers(act, act_threads), registers)
+      << "GEMM1 " << gemm.numRegs << " registers x " << gemm.maxThreadsPerBlock << " threads, activation "
+      << act.numRegs << " x " << act_threads;
+  EXPECT_LE(gemm_ctas * gemm.maxThreadsPerBlock + act_threads, threads);
+  EXPECT_LE(gemm_ctas * (gemm_dynamic + gemm.sharedSizeBytes) + act.sharedSizeBytes, size_t(smem));
 }
 
 TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
