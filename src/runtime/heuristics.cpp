@@ -118,11 +118,10 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   // GEMM2's CTAs start behind GEMM1's tail (two waves of units at least, see choose_splits), or
   // together behind the activation stage when GEMM1 splits K (one wave: local28 T = 8's (2, 2)
   // above against (2, 3) 137.8-138.5 / 138.7-139.0).
-  // NOTE: three 8-token CTAs (72-77 registers x 160 threads and 60 KB each) leave room on an SM for
-  // one activation CTA (256 threads x 59 registers, 33 KB), so GEMM2 can start in GEMM1's tail; the
-  // 16- and 24-token CTAs leave less, and released early there GEMM2 waited as before while the
-  // stage ran one CTA per SM (local28 T = 16 / 32 +5 / +4 %). Measured released early (with the
-  // stage's loads in registers, 76 of them), a16 / mxfp8 us:
+  // NOTE: three 8-token CTAs (72-77 registers x 160 threads each) leave 27 K registers of an SM, room
+  // for one 256-thread activation CTA (76 registers), so GEMM2 can start in GEMM1's tail; the 16-
+  // and 24-token CTAs leave less, and released early there GEMM2 waited as before while the stage
+  // ran one CTA per SM (local28 T = 16 / 32 +5 / +4 %). Measured released early, a16 / mxfp8 us:
   // local28 T = 8 137.7-138.7 / 140.4-141.0 -> 135.2-135.9 / 139.3, ep32 T = 64 90.5-91.9 /
   // 102.9-103.5 -> 87.7-87.8 / 101.1-101.3, ep32 T = 8 40.9-41.3 / 42.2-42.3 -> 39.3 / 40.0-40.3
   // (bench/NOTES.md, Session 16).
