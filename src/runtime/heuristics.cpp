@@ -115,9 +115,6 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
                    : units1 >= 1.5 * target ? std::min(2, chunks1)
                                             : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5,
                                                             units1 < 0.5 * target ? 2.0 : 0.0);
-  // GEMM2's CTAs start behind GEMM1's tail (two waves of units at least, see choose_splits), or
-  // together behind the activation stage when GEMM1 splits K (one wave: local28 T = 8's (2, 2)
-  // above against (2, 3) 137.8-138.5 / 138.7-139.0).
   // NOTE: three 8-token CTAs (72-77 registers x 160 threads each) leave 27 K registers of an SM, room
   // for one 256-thread activation CTA (76 registers), so GEMM2 can start in GEMM1's tail; the 16-
   // and 24-token CTAs leave less, and released early there GEMM2 waited as before while the stage
@@ -126,6 +123,10 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   // 102.9-103.5 -> 87.7-87.8 / 101.1-101.3, ep32 T = 8 40.9-41.3 / 42.2-42.3 -> 39.3 / 40.0-40.3
   // (bench/NOTES.md, Session 16).
   k.activation_beside_gemm1 = k.gemm1_splits > 1 && k.token_tile == kernels::TokenTile::T8;
+  // GEMM2's CTAs start behind GEMM1's tail (two waves of units at least, see choose_splits), or,
+  // when GEMM1 splits K, from one wave (local28 T = 8's (2, 2) above against (2, 3) 137.8-138.5 /
+  // 138.7-139.0 with GEMM2 behind the activation stage; (2, 2) still best with GEMM2 released in
+  // GEMM1's tail, Session 16).
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
                                  c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25,
                                  k.gemm1_splits > 1 ? 1.0 : 2.0);

@@ -179,12 +179,15 @@ TEST(DequantizeMxfp8Kernel, EveryCodeTimesEveryKindOfScaleEqualsTheHost) {
 
 // KernelChoice::activation_beside_gemm1 lets GEMM2 start in GEMM1's tail only if one activation CTA
 // is resident next to the three CTAs of the 8-token GEMM1 on every SM (registers are allocated per
-// warp, in steps of 8 per thread); a kernel change that grows either kernel past that would keep
-// the results and silently lose the overlap (heuristics.cpp).
+// warp, in steps of 8 per thread; shared memory with a reserve per CTA); a kernel change that grows
+// either kernel past that would keep the results and silently lose the overlap (heuristics.cpp).
+// The arithmetic only: the carveout the driver configures can leave less shared memory (bench/
+// NOTES.md, Session 16 Step 5).
 TEST(ActivationStage, OneCtaFitsBesideThreeEightTokenGemm1Ctas) {
   K3MOE_REQUIRE_GPU();
-  int device = 0, registers = 0, smem = 0, threads = 0;
+  int device = 0, registers = 0, smem = 0, threads = 0, reserved = 0;
   K3MOE_CUDA_CHECK(cudaGetDevice(&device));
+  K3MOE_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device));
   K3MOE_CUDA_CHECK(cudaDeviceGetAttribute(&registers, cudaDevAttrMaxRegistersPerMultiprocessor, device));
   K3MOE_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
   K3MOE_CUDA_CHECK(cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, device));
@@ -201,7 +204,8 @@ TEST(ActivationStage, OneCtaFitsBesideThreeEightTokenGemm1Ctas) {
       << "GEMM1 " << gemm.numRegs << " registers x " << gemm.maxThreadsPerBlock << " threads, activation "
       << act.numRegs << " x " << act_threads;
   EXPECT_LE(gemm_ctas * gemm.maxThreadsPerBlock + act_threads, threads);
-  EXPECT_LE(gemm_ctas * (gemm_dynamic + gemm.sharedSizeBytes) + act.sharedSizeBytes, size_t(smem));
+  EXPECT_LE(gemm_ctas * (gemm_dynamic + gemm.sharedSizeBytes + reserved) + act.sharedSizeBytes + reserved, size_t(smem))
+      << "GEMM1 " << gemm_dynamic + gemm.sharedSizeBytes << " bytes, activation " << act.sharedSizeBytes;
 }
 
 TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
