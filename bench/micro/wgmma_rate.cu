@@ -8,6 +8,11 @@
 //   ss+widen the same, the widened A stored to shared memory (stmatrix, 128-byte swizzle), wgmma (SS)
 //   w0       rs+widen waiting for each step's wgmmas (wait<0>) before widening the next
 //   x2       two CTAs per SM;  +spin  with an idle producer warpgroup spinning on an mbarrier
+//   rs+alu   rs, plus the widening into registers the wgmmas do not read (does ALU work overlap RS wgmmas?)
+//   ss+alu   ss, plus the same unread widening (does it overlap wgmmas that read no registers?)
+//   ss|alu   ss on C warpgroups, the unread widening on C other warpgroups (tensor and ALU in different warps)
+//   rs+ping  rs+widen (C = 2), the two warpgroups issuing their wgmmas in turn (named barriers, as FA3's ping-pong)
+//   rs+wint  rs+widen with an integer add in place of each bf16 multiply (wrong values; is it the multiply's pipe?)
 // Prints cycles per chunk per CTA (the in-kernel N = 32 GEMM1 takes ~1,570: bench/NOTES.md, Session 15).
 // Build: nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/micro/wgmma_rate.cu
 #include <cuda_runtime.h>
@@ -47,14 +52,18 @@ __device__ __forceinline__ void stmatrix_x4(void* row, const uint32_t (&r)[4]) {
                : "memory");
 }
 
-enum Variant { kRs, kSs, kRsWiden, kSsWiden, kRsWidenWait0 };
+enum Variant { kRs, kSs, kRsWiden, kSsWiden, kRsWidenWait0, kRsAlu, kSsAlu, kRsWidenInt, kSsAluSplit, kRsWidenPing };
+
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 constexpr int kCodeBytes = 16 * 2 * 512, kScaleBytes = 16 * 2 * 32;  // one chunk of a 256-row group
 constexpr int kBBytes = 2 * 64 * 128;                               // N <= 64 rows x 2 k-halves
 constexpr int kABytes = 4 * 2 * 8192;                               // 4 m64 tiles x 2 k-blocks
 
 template <int N, int C, Variant V, int kCtas, bool kSpinner>
-__global__ void __launch_bounds__(128 * (C + kSpinner), kCtas) consumers(int chunks, float* sink, long long* cycles) {
+__global__ void __launch_bounds__(128 * (C * (V == kSsAluSplit ? 2 : 1) + kSpinner), kCtas) consumers(int chunks, float* sink, long long* cycles) {
   constexpr int kMTiles = 4 / C;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
@@ -62,7 +71,8 @@ __global__ void __launch_bounds__(128 * (C + kSpinner), kCtas) consumers(int chu
   uint8_t* s_codes = s_b + kBBytes;
   uint8_t* s_scales = s_codes + kCodeBytes;
   uint8_t* s_a = s_scales + 1024;  // 1024-aligned; only the shared-A variants have it
-  for (int i = threadIdx.x; i < (kBBytes + kCodeBytes + (V == kSs || V == kSsWiden ? kABytes : 0)) / 4;
+  constexpr bool kSharedA = V == kSs || V == kSsWiden || V == kSsAlu || V == kSsAluSplit;
+  for (int i = threadIdx.x; i < (kBBytes + kCodeBytes + (kSharedA ? kABytes : 0)) / 4;
        i += blockDim.x)
     reinterpret_cast<uint32_t*>(smem)[i] = 0x3C003C00u ^ (i * 2654435761u & 0x00FF00FFu);
   for (int i = threadIdx.x; i < kScaleBytes; i += blockDim.x) s_scales[i] = 120 + i % 8;
@@ -79,13 +89,40 @@ __global__ void __launch_bounds__(128 * (C + kSpinner), kCtas) consumers(int chu
   }
   const int cwg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   float acc[kMTiles][N / 2] = {};
+  uint32_t junk = 0;
   const long long t0 = clock64();
+  if constexpr (V == kSsAluSplit) {
+    if (cwg >= C) {  // the ALU warpgroups: the consumers' widening, unread by any wgmma
+      for (int c = 0; c < chunks; ++c)
+#pragma unroll
+        for (int kb = 0; kb < 2; ++kb)
+#pragma unroll
+          for (int i = 0; i < kMTiles; ++i) {
+            uint4 code;
+            BlockMultipliers mult;
+            load_block_fragments(s_codes, s_scales, ((cwg - C) * 4 * kMTiles + i * 4 + warp) * 2 + kb, lane, code, mult);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+              uint32_t unread[4];
+              widen_step(code, mult, kk, unread);
+              junk ^= unread[0] ^ unread[1] ^ unread[2] ^ unread[3];
+            }
+          }
+      ptx::named_barrier_sync(8, 256 * C);
+      if (junk == 0x12345u) sink[threadIdx.x] = 0.0f;
+      return;
+    }
+  }
+  if constexpr (V == kRsWidenPing) {
+    static_assert(C == 2);
+    if (cwg == 1) named_barrier_arrive(2, 256);  // warpgroup 0 issues first
+  }
   for (int c = 0; c < chunks; ++c) {
 #pragma unroll
     for (int kb = 0; kb < 2; ++kb) {
       uint4 code[kMTiles];
       BlockMultipliers mult[kMTiles];
-      if constexpr (V != kRs && V != kSs) {
+      if constexpr (V != kRs && V != kSs && V != kSsAluSplit) {
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i)
           load_block_fragments(s_codes, s_scales, (cwg * 4 * kMTiles + i * 4 + warp) * 2 + kb, lane, code[i], mult[i]);
@@ -95,7 +132,17 @@ __global__ void __launch_bounds__(128 * (C + kSpinner), kCtas) consumers(int chu
         uint32_t afrag[kMTiles][4];
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i) {
-          if constexpr (V != kRs && V != kSs) {
+          if constexpr (V == kRsAlu || V == kSsAlu) {
+            uint32_t unread[4];
+            widen_step(code[i], mult[i], kk, unread);
+            junk ^= unread[0] ^ unread[1] ^ unread[2] ^ unread[3];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) afrag[i][r] = 0x3F803F80u + r + c;
+          } else if constexpr (V == kRsWidenInt) {
+            widen_codes(kk == 0 ? code[i].x : kk == 1 ? code[i].y : kk == 2 ? code[i].z : code[i].w, afrag[i]);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) afrag[i][r] += (r % 2 ? mult[i].row_g8 : mult[i].row_g);
+          } else if constexpr (V != kRs && V != kSs && V != kSsAluSplit) {
             widen_step(code[i], mult[i], kk, afrag[i]);
           } else {
 #pragma unroll
@@ -114,10 +161,12 @@ __global__ void __launch_bounds__(128 * (C + kSpinner), kCtas) consumers(int chu
           ptx::fence_proxy_async_shared();
           ptx::named_barrier_sync(1 + cwg, 128);
         }
+        if constexpr (V == kRsWidenPing) ptx::named_barrier_sync(2 + cwg, 256);
         ptx::wgmma_fence();
 #pragma unroll
         for (int i = 0; i < kMTiles; ++i) {
-          if constexpr (V == kRs || V == kRsWiden || V == kRsWidenWait0) {
+          if constexpr (V == kRs || V == kRsWiden || V == kRsWidenWait0 || V == kRsAlu || V == kRsWidenInt ||
+                        V == kRsWidenPing) {
             ptx::wgmma_bf16_rs<N>(acc[i], afrag[i], b_desc, false);
           } else {
             wgmma_ss<N>(acc[i], ptx::wgmma_desc_k_major_sw128(s_a + ((cwg * kMTiles + i) * 2 + kb) * 8192 + kk * 32),
@@ -125,19 +174,23 @@ __global__ void __launch_bounds__(128 * (C + kSpinner), kCtas) consumers(int chu
           }
         }
         ptx::wgmma_commit();
+        if constexpr (V == kRsWidenPing) named_barrier_arrive(2 + (1 - cwg), 256);
         if constexpr (V == kRsWidenWait0) ptx::wgmma_wait<0>();
         else ptx::wgmma_wait<1>();
       }
     }
   }
   ptx::wgmma_wait<0>();
+  if constexpr (V == kRsWidenPing)
+    if (cwg == 0) ptx::named_barrier_sync(2, 256);  // warpgroup 1's last turn handed back
+  if constexpr (V == kSsAluSplit) ptx::named_barrier_sync(8, 256 * C);
   const long long t1 = clock64();
   float s = 0.0f;
 #pragma unroll
   for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
     for (int r = 0; r < N / 2; ++r) s += acc[i][r];
-  if (s == 1.2345f) sink[threadIdx.x] = s;
+  if (s == 1.2345f || junk == 0x12345u) sink[threadIdx.x] = s;
   if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
   if (kSpinner) {
     __syncwarp();
@@ -184,16 +237,18 @@ void run_mma_sync(int sms, int warps, float* sink, long long* cycles) {
 
 template <int N, int C, Variant V, int kCtas = 1, bool kSpinner = false>
 void run(const char* name, int sms, float* sink, long long* cycles) {
-  constexpr int kSmem = kBBytes + kCodeBytes + 1024 + (V == kSs || V == kSsWiden ? kABytes : 0) + 1024;
+  constexpr bool kSharedA = V == kSs || V == kSsWiden || V == kSsAlu || V == kSsAluSplit;
+  constexpr int kSmem = kBBytes + kCodeBytes + 1024 + (kSharedA ? kABytes : 0) + 1024;
+  constexpr int kThreads = 128 * (C * (V == kSsAluSplit ? 2 : 1) + kSpinner);
   auto kernel = consumers<N, C, V, kCtas, kSpinner>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   const int chunks = 2000;
-  kernel<<<sms * kCtas, 128 * (C + kSpinner), kSmem>>>(10, sink, cycles);
+  kernel<<<sms * kCtas, kThreads, kSmem>>>(10, sink, cycles);
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
   cudaEventRecord(e0);
-  kernel<<<sms * kCtas, 128 * (C + kSpinner), kSmem>>>(chunks, sink, cycles);
+  kernel<<<sms * kCtas, kThreads, kSmem>>>(chunks, sink, cycles);
   cudaEventRecord(e1);
   cudaEventSynchronize(e1);
   float ms = 0.0f;
@@ -216,6 +271,11 @@ void run_all(int sms, float* sink, long long* cycles) {
   run<N, C, kRsWidenWait0>("rs+widen w0", sms, sink, cycles);
   run<N, C, kRsWiden, 2>("rs+widen", sms, sink, cycles);
   run<N, C, kRsWiden, 1, true>("rs+widen+spin", sms, sink, cycles);
+  run<N, C, kRsAlu>("rs+alu", sms, sink, cycles);
+  run<N, C, kSsAlu>("ss+alu", sms, sink, cycles);
+  run<N, C, kRsWidenInt>("rs+wint", sms, sink, cycles);
+  run<N, C, kSsAluSplit>("ss|alu", sms, sink, cycles);
+  if constexpr (C == 2) run<N, C, kRsWidenPing>("rs+ping", sms, sink, cycles);
 }
 
 int main() {

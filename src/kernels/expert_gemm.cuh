@@ -21,6 +21,8 @@ constexpr int tile_tokens(TokenTile t) {
   return kTokens[int(t)];
 }
 constexpr bool tile_uses_wgmma(TokenTile t) { return t >= TokenTile::Wg32; }
+// The wgmma kernels' units per token tile of a GEMM with N output rows (one unit per 256 rows).
+constexpr int wgmma_units_per_tile(int N) { return (N + 255) / 256; }
 
 struct ExpertGemmArgs {
   const uint8_t* codes = nullptr;   // [E_local, N/16, K/64, 512]
@@ -28,8 +30,9 @@ struct ExpertGemmArgs {
   const uint16_t* act = nullptr;    // bf16 rows of K: GEMM1 x [T, K]; GEMM2 intermediate [rows, K]
   const int32_t* row_token = nullptr;      // GEMM1: row -> token of x; GEMM2: nullptr (row itself)
   // The schedule, written by the permutation for this token tile (permute.cuh): the units are
-  // (token tile, 256-row block, K split), token tile fastest.
-  const int4* tile_info = nullptr;     // {local expert, first row, rows, 0} per token tile
+  // (token tile, 256-row block, K split), token tile fastest. {local expert, first row, rows, 0}
+  // per token tile; the wgmma GEMM1 counts the tile's stored units in the fourth field.
+  int4* tile_info = nullptr;
   const int32_t* num_tiles = nullptr;  // [1]
   int* unit_counter = nullptr;         // zero before the launch; CTAs take units from it
   int num_local = 0;
@@ -43,6 +46,12 @@ struct ExpertGemmArgs {
   // wgmma: each unit's wgmmas only as wide as its tile's rows (rounded up to a step of 16 or 32),
   // for the fractional last tiles of a few tiles per expert; else every unit at the tile's width.
   bool unit_widths = false;
+  // The wgmma kernels: GEMM1's consumer warpgroups each add 1 to tile_info[t].w once they stored
+  // their rows of a unit of token tile t; GEMM2's CTAs take units in order from unit_counter and
+  // start one once its tile's count reaches this (GEMM1's units per tile x consumer warpgroups),
+  // without waiting for GEMM1's grid: GEMM1's last, partial wave then overlaps GEMM2. 0: GEMM2
+  // waits for GEMM1's grid.
+  int gemm1_stores_per_tile = 0;
 };
 
 struct GemmOutput {

@@ -70,7 +70,8 @@ struct WgTile {
   static constexpr int kWidthStep = kConsumers == 4 ? kTokens : kTokens == 128 ? 32 : 16;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8));
 
-  static_assert(kRowsPerCta == layout::kGroupRowBlocks * layout::kBlockRows, "a unit is one row group");
+  static_assert(kRowsPerCta == layout::kGroupRowBlocks * layout::kBlockRows && wgmma_units_per_tile(kRowsPerCta) == 1,
+                "a unit is one row group");
   static_assert(kChunkK == layout::kChunkBlocks * layout::kBlockK, "a stage holds one chunk of the layout");
   static_assert(kTokens % 32 == 0 && kTokens <= 128,
                 "whole swizzle atoms, MX groups of 4 n-tiles, at most one row per producer thread");
@@ -108,17 +109,53 @@ __device__ __forceinline__ void with_width(int n, F&& f) {
 // The producer warpgroup: fills stage after stage with the chunks of this CTA's units.
 constexpr int kProducerBarrier = 5;  // named barriers 1 .. 4: the consumer warpgroups' epilogues
 
-template <class T>
+// kTakeUnits (GEMM2): the producer takes each unit from the counter and reads its tile's count one
+// unit ahead (their round trips hide behind a unit's copies), waits until GEMM1 has stored its
+// token tile (ExpertGemmArgs::gemm1_stores_per_tile), and writes the unit ({local expert, first row,
+// rows, row group}) beside the unit's first stage (s_units[stage]) for the consumers, who then
+// need no global load between units; past the last unit, it fills one more stage with no copies
+// and a unit of no rows. Else CTA b takes units b, b + grid, ...
+template <class T, bool kTakeUnits>
 __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, uint64_t* full, uint64_t* empty,
-                                        uint32_t* s_rows, int num_units, int row_groups) {
+                                        uint32_t* s_rows, int4* s_units, int* s_next, int num_units, int row_groups) {
   const int tid = threadIdx.x % 128;
   const int chunks = a.K / T::kChunkK;
   const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
   constexpr int kRowsPerThread = T::kTokens / 16;
   constexpr uint32_t kNoRow = 0xFFFFFFFFu;
   static_assert(kRowsPerThread % 2 == 0, "a thread's rows are read in pairs");
-  int seq = 0;
-  for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
+  // kTakeUnits, tid 0: the unit after this one and its tile's count (-1: not read yet), both
+  // asked for one unit ahead.
+  int seq = 0, next = kTakeUnits && tid == 0 ? atomicAdd(a.unit_counter, 1) : 0, next_stored = -1;
+  for (int u = blockIdx.x;; u += gridDim.x) {
+    if (kTakeUnits && tid == 0) {
+      u = next;
+      if (u < num_units) {
+        for (int stored = next_stored; stored < a.gemm1_stores_per_tile;
+             stored = ptx::ld_acquire_gpu(&a.tile_info[u / row_groups].w))
+          if (stored >= 0) __nanosleep(256);
+        next = atomicAdd(a.unit_counter, 1);
+        next_stored = -1;
+      }
+      *s_next = u;  // NOTE: rewritten after the second barrier below, which every thread reaches after its read
+    }
+    // The unit's token rows as offsets of their first k in 16-byte pieces (kNoRow: past the tile),
+    // after the last unit's copies have all been issued. Row 16 i + r sits at r * kRowsPerThread + i,
+    // so that a thread's rows (16 i + tid / 8) are adjacent: one vector load per chunk.
+    ptx::named_barrier_sync(kProducerBarrier, 128);
+    if constexpr (kTakeUnits) u = *s_next;
+    if (u >= num_units) {
+      if constexpr (kTakeUnits) {  // the end mark: one more stage, no copies
+        const int stage = seq % T::kStages;
+        if (seq >= T::kStages) ptx::mbarrier_wait_parity(&empty[stage], (seq / T::kStages - 1) & 1);
+        if (tid == 0) {
+          s_units[stage].z = 0;  // no rows
+          ptx::mbarrier_arrive(&full[stage]);
+        }
+        ptx::mbarrier_arrive(&full[stage]);
+      }
+      break;
+    }
     const WgUnit unit = wg_unit(a, u, row_groups);
     const int64_t first_block =
         int64_t(unit.tile.x) * n_blocks * k_blocks + int64_t(unit.group) * layout::kGroupRowBlocks * k_blocks;
@@ -126,10 +163,6 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
     const uint32_t code_bytes = blocks * layout::kBlockCodeBytes, scale_bytes = blocks * layout::kBlockScaleBytes;
     const uint8_t* code_src = a.codes + first_block * layout::kBlockCodeBytes;
     const uint8_t* scale_src = a.scales + first_block * layout::kBlockScaleBytes;
-    // The unit's token rows as offsets of their first k in 16-byte pieces (kNoRow: past the tile),
-    // after the last unit's copies have all been issued. Row 16 i + r sits at r * kRowsPerThread + i,
-    // so that a thread's rows (16 i + tid / 8) are adjacent: one vector load per chunk.
-    ptx::named_barrier_sync(kProducerBarrier, 128);
     if (tid < T::kTokens)
       s_rows[(tid % 16) * kRowsPerThread + tid / 16] =
           tid >= unit.tile.z
@@ -138,9 +171,12 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
     ptx::named_barrier_sync(kProducerBarrier, 128);
     for (int c = 0; c < chunks; ++c, ++seq) {
       const int stage = seq % T::kStages;
+      if (kTakeUnits && tid == 0 && c == chunks - 1 && next < num_units)  // read while the stage drains
+        next_stored = ptx::ld_acquire_gpu(&a.tile_info[next / row_groups].w);
       if (seq >= T::kStages) ptx::mbarrier_wait_parity(&empty[stage], (seq / T::kStages - 1) & 1);
       uint8_t* st = smem + stage * T::kStageBytes;
       if (tid == 0) {
+        if (kTakeUnits && c == 0) s_units[stage] = make_int4(unit.tile.x, unit.tile.y, unit.tile.z, unit.group);
         ptx::mbarrier_arrive_expect_tx(&full[stage], code_bytes + scale_bytes);
         uint8_t* s_codes = st + T::kActBytes;
         const uint8_t* g_codes = code_src + int64_t(c) * code_bytes;
@@ -299,6 +335,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   __shared__ __align__(8) uint64_t s_full[T::kStages], s_empty[T::kStages];
   __shared__ uint32_t s_amax[T::kConsumers][4][32];
   __shared__ __align__(16) uint32_t s_rows[T::kTokens];
+  __shared__ int4 s_units[T::kStages];
+  __shared__ int s_next;
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
       ptx::mbarrier_init(&s_full[s], 1 + 128);  // the bulk copies' arrival + 128 cp.async threads
@@ -307,14 +345,17 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
-  ptx::griddepcontrol_wait();
+  // NOTE: GEMM2 reads GEMM1's rows after their tile's count (acquire), and the schedule, written
+  // before GEMM1's CTAs released this grid, without waiting for GEMM1's end.
+  constexpr bool kTakeUnits = kEpi == Epilogue::Rows;
+  if (!kTakeUnits || a.gemm1_stores_per_tile == 0) ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   const int row_groups = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
   const int num_units = *a.num_tiles * row_groups;
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
-    produce<T>(a, smem, s_full, s_empty, s_rows, num_units, row_groups);
+    produce<T, kTakeUnits>(a, smem, s_full, s_empty, s_rows, s_units, &s_next, num_units, row_groups);
     return;
   }
   ptx::setmaxnreg_inc<T::kConsumerRegs>();
@@ -322,8 +363,18 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   const int chunks = a.K / T::kChunkK;
   WgAccumulators<T> acc;
   int seq = 0, release = -1;
-  for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
-    const WgUnit unit = wg_unit(a, u, row_groups);
+  // The unit whose first stage is stage seq: the producer's (kTakeUnits: `taken`, and 0, or
+  // num_units past the last), else the next of this CTA's.
+  WgUnit taken;
+  auto next_unit = [&](int u) {
+    if constexpr (!kTakeUnits) return u + int(gridDim.x);
+    ptx::mbarrier_wait_parity(&s_full[seq % T::kStages], (seq / T::kStages) & 1);
+    const int4 s = s_units[seq % T::kStages];
+    taken = {make_int4(s.x, s.y, s.z, 0), s.w};
+    return s.z > 0 ? 0 : num_units;
+  };
+  for (int u = next_unit(int(blockIdx.x) - int(gridDim.x)); u < num_units; u = next_unit(u)) {
+    const WgUnit unit = kTakeUnits ? taken : wg_unit(a, u, row_groups);
     const int width = kWidths ? unit_width<T>(unit) : T::kTokens;
     with_width<T, kWidths>(width, [&](auto n) {
       for (int c = 0; c < chunks; ++c, ++seq) {
@@ -338,6 +389,13 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
     if (lane == 0) ptx::mbarrier_arrive(&s_empty[release]);
     release = -1;
     store_wg_unit<T, kEpi>(a, out, unit, width, cwg, warp, lane, acc, s_amax[cwg]);
+    if constexpr (kEpi == Epilogue::Activation) {  // this warpgroup's rows of the unit stored, for GEMM2
+      ptx::named_barrier_sync(1 + cwg, 128);
+      if (threadIdx.x % 128 == 0) {
+        __threadfence();
+        ptx::red_release_gpu_add(&a.tile_info[u / row_groups].w, 1);
+      }
+    }
   }
 }
 

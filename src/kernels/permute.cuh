@@ -23,7 +23,8 @@ struct PermuteArgs {
   int32_t* row_token = nullptr;      // [T K]: token of each row (the first expert_offset[num_local])
   int32_t* slot_row = nullptr;       // [T K]: row of each slot, -1 if the slot is not local
   // The expert GEMMs' schedule (expert_gemm.cuh) for token tiles of `tile_rows` rows: every
-  // token tile of every expert with rows, by expert, as {local expert, first row, rows, 0}.
+  // token tile of every expert with rows, by expert, as {local expert, first row, rows, 0} (the
+  // wgmma GEMM1 counts the tile's stored units from that 0: expert_gemm.cuh).
   int tile_rows = 8;
   int4* tile_info = nullptr;   // [max_tiles(T K, num_local, tile_rows)]
   int32_t* num_tiles = nullptr;  // [1]

@@ -134,12 +134,13 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
 }
 
 std::string KernelChoice::describe() const {
-  char buf[384];
+  char buf[512];
   if (kernels::tile_uses_wgmma(token_tile)) {
     const int n = kernels::tile_tokens(token_tile);
     std::snprintf(buf, sizeof buf,
                   "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + %d consumer warpgroups) over units "
-                  "of 256 weight rows x %d tokens%s, K whole%s (expected %.1f active experts, %.1f rows each)",
+                  "of 256 weight rows x %d tokens%s, K whole%s; GEMM2 takes units in order, each once GEMM1 has "
+                  "stored its token tile (expected %.1f active experts, %.1f rows each)",
                   n, gemm_warps / 4, n, unit_widths ? " (wgmma N: the tile's rows rounded up)" : "",
                   weights_once ? ", weights read once (L2 evict_first)" : "",
                   expected_active_experts, expected_rows_per_expert);

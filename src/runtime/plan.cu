@@ -239,6 +239,8 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   g2.act = ws.inter;
   g2.row_token = nullptr;
   g2.unit_counter = ws.unit_counters + 1;
+  if (kernels::tile_uses_wgmma(choice.token_tile))
+    g2.gemm1_stores_per_tile = kernels::wgmma_units_per_tile(g1.N) * (choice.gemm_warps / 4);
   g2.N = c.hidden;
   g2.K = c.intermediate;
   g2.splits = choice.gemm2_splits;

@@ -110,6 +110,18 @@ __device__ __forceinline__ void griddepcontrol_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// A counter other grids raise: read with acquire semantics (what their releases ordered before is
+// then visible), and raised with release semantics (this thread's earlier writes, and what it
+// synchronised with, become visible to such a reader first).
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
 }  // namespace k3moe::ptx
 
 namespace k3moe::ptx {
