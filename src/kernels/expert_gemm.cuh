@@ -29,9 +29,10 @@ struct ExpertGemmArgs {
   const uint8_t* scales = nullptr;  // [E_local, N/16, K/64, 32]
   const uint16_t* act = nullptr;    // bf16 rows of K: GEMM1 x [T, K]; GEMM2 intermediate [rows, K]
   const int32_t* row_token = nullptr;      // GEMM1: row -> token of x; GEMM2: nullptr (row itself)
-  // The schedule, written by the permutation for this token tile (permute.cuh): the units are
-  // (token tile, 256-row block, K split), token tile fastest. {local expert, first row, rows, 0}
-  // per token tile; the wgmma GEMM1 counts the tile's stored units in the fourth field.
+  // The schedule, written by the permutation for this token tile (permute.cuh): {local expert,
+  // first row, rows, 0} per token tile; the wgmma GEMM1 counts its stores of the tile in the fourth
+  // field (gemm1_stores_per_tile). The units are (token tile, 256-row block, K split), token tile
+  // fastest on mma.sync; on wgmma (K whole) a tile's 256-row blocks are consecutive units.
   int4* tile_info = nullptr;
   const int32_t* num_tiles = nullptr;  // [1]
   int* unit_counter = nullptr;         // zero before the launch; CTAs take units from it
