@@ -315,6 +315,9 @@ TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
       DeviceBuffer offset(4 * (c.num_local + 1)), row_token(4 * slots), slot_row(4 * slots),
           tiles(16 * kernels::max_tiles(slots, c.num_local, c.tile_rows)), num_tiles(4);
       DeviceBuffer counters = testing::to_device(std::vector<int>{7, 9});
+      // Stale counts in every tile's fourth field: the wgmma GEMM2 starts a tile when GEMM1's count
+      // there reaches its target, so the permutation must zero it.
+      K3MOE_CUDA_CHECK(cudaMemset(tiles.get<uint8_t>(), 0x7F, size_t(tiles.bytes())));
       kernels::PermuteArgs a;
       a.ids = d_ids.get<int32_t>();
       a.tokens = c.tokens;
@@ -349,7 +352,7 @@ TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
       const std::vector<int4> got_tiles = testing::to_host<int4>(tiles);
       for (size_t t = 0; t < want_tiles.size(); ++t)
         EXPECT_TRUE(got_tiles[t].x == want_tiles[t].x && got_tiles[t].y == want_tiles[t].y &&
-                    got_tiles[t].z == want_tiles[t].z)
+                    got_tiles[t].z == want_tiles[t].z && got_tiles[t].w == 0)
             << "tile " << t;
       EXPECT_EQ(testing::to_host<int>(counters), (std::vector<int>{0, 0}));
     }
