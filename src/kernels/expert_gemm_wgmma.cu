@@ -392,7 +392,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
     if constexpr (kEpi == Epilogue::Activation) {  // this warpgroup's rows of the unit stored, for GEMM2
       ptx::named_barrier_sync(1 + cwg, 128);
       if (threadIdx.x % 128 == 0) {
-        __threadfence();
         ptx::red_release_gpu_add(&a.tile_info[u / row_groups].w, 1);
       }
     }
