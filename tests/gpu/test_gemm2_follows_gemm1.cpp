@@ -27,6 +27,14 @@ struct Stream {
   ~Stream() { cudaStreamDestroy(s); }
 };
 
+// Page-locked host memory: the copy engine moves it while a kernel runs.
+template <class T>
+struct Pinned {
+  T* p = nullptr;
+  explicit Pinned(size_t count) { K3MOE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p), count * sizeof(T))); }
+  ~Pinned() { cudaFreeHost(p); }
+};
+
 TEST(WgmmaGemm2, HoldsATokenTileUntilGemm1sCountIsComplete) {
   K3MOE_REQUIRE_GPU();
   kernels::configure_expert_gemm_kernels();
@@ -72,12 +80,12 @@ TEST(WgmmaGemm2, HoldsATokenTileUntilGemm1sCountIsComplete) {
     K3MOE_CUDA_CHECK(cudaStreamSynchronize(s));
   };
   const int64_t held_first = int64_t(tiles[kDelayed].y) * kN, held_end = held_first + int64_t(tiles[kDelayed].z) * kN;
-  uint16_t* pinned_rows = nullptr;
-  int* pinned_count = nullptr;
-  float* pinned_y = nullptr;
-  K3MOE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_rows), size_t(tiles[kDelayed].z) * kK * 2));
-  K3MOE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_count), 4));
-  K3MOE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_y), size_t(y.bytes())));
+  Pinned<uint16_t> rows(size_t(tiles[kDelayed].z) * kK);
+  Pinned<int> count(1);
+  Pinned<float> early_y(size_t(kRows) * kN);
+  uint16_t* pinned_rows = rows.p;
+  int* pinned_count = count.p;
+  float* pinned_y = early_y.p;
   std::memcpy(pinned_rows, inter.data() + size_t(tiles[kDelayed].y) * kK, size_t(tiles[kDelayed].z) * kK * 2);
   *pinned_count = kStores;
 
@@ -133,9 +141,6 @@ TEST(WgmmaGemm2, HoldsATokenTileUntilGemm1sCountIsComplete) {
     const std::vector<float> got = testing::to_host<float>(y);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * want.size()), 0) << "held run differs from the undelayed run";
   }
-  cudaFreeHost(pinned_rows);
-  cudaFreeHost(pinned_count);
-  cudaFreeHost(pinned_y);
 }
 
 }  // namespace
