@@ -9,6 +9,7 @@
 
 #include "bench_timing.h"
 #include "k3moe/error.h"
+#include "runtime/cuda_stream.h"
 #include "runtime/device_buffer.h"
 #include "streaming_read.cuh"
 
@@ -124,15 +125,13 @@ Ceilings measure_ceilings(int device) {
   c.sm_count = prop.multiProcessorCount;
   c.l2_mb = prop.l2CacheSize / 1e6;
   K3MOE_CUDA_CHECK(cudaDriverGetVersion(&c.driver_version));
-  cudaStream_t stream;
-  K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const CudaStream stream;
   cublasLtHandle_t lt;
   K3MOE_CUBLAS_CHECK(cublasLtCreate(&lt));
   c.copy_tb_s = copy_tb_s(stream);
   c.bf16_tflop_s = gemm_tflop_s(lt, stream, false);
   c.fp8_tflop_s = gemm_tflop_s(lt, stream, true);
   cublasLtDestroy(lt);
-  cudaStreamDestroy(stream);
   return c;
 }
 

@@ -28,6 +28,7 @@
 #include "k3moe/reference.h"
 #include "k3moe/synthetic.h"
 #include "runtime/captured_graph.h"
+#include "runtime/cuda_stream.h"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
 
@@ -108,8 +109,7 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   MoePlan plan = MoePlan::create(options);
   if (o.explain) std::printf("  %s T=%d %.*s: %s\n", shape.name.c_str(), c.tokens, int(to_string(c.mode).size()), to_string(c.mode).data(),
                              plan.describe(c.tokens).c_str());
-  cudaStream_t stream;
-  K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const CudaStream stream;
 
   struct Set {
     DeviceTensor x, logits, bias, ids, weights, out, out_baseline;
@@ -199,8 +199,6 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   row.floor_us = std::max(row.bytes / (ceil.copy_tb_s * 1e12), row.flops / (matrix_tflops * 1e12)) * 1e6;
   row.floor_ratio = row.floor_us / row.us_ids;
   row.read_us = read.median_us(row.bytes, stream);
-
-  cudaStreamDestroy(stream);
   return row;
 }
 

@@ -18,6 +18,7 @@
 #if K3MOE_WITH_CUDA
 #include "k3moe/plan.h"
 #include "runtime/captured_graph.h"
+#include "runtime/cuda_stream.h"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
 #endif
@@ -72,8 +73,7 @@ std::vector<double> gpu_forward(const RankExperts& experts, const MoeConfig& con
   args.out = out.dl();
   std::printf("  plan: %s\n", plan.describe(tokens).c_str());
 
-  cudaStream_t stream;
-  K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const CudaStream stream;
   out.fill_bytes(0xFF);
   plan.forward(device, args, stream);
   K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -95,7 +95,6 @@ std::vector<double> gpu_forward(const RankExperts& experts, const MoeConfig& con
   *median_us = 1000.0 * times[times.size() / 2];
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  cudaStreamDestroy(stream);
 
   gpu_routing->tokens = tokens;
   gpu_routing->top_k = config.top_k;

@@ -19,6 +19,7 @@
 #include "k3moe/plan.h"
 #include "k3moe/synthetic.h"
 #include "runtime/captured_graph.h"
+#include "runtime/cuda_stream.h"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
 
@@ -225,20 +226,10 @@ Comparison compare_outputs(const std::vector<double>& actual, const std::vector<
   return cmp;
 }
 
-class Stream {
- public:
-  Stream() { K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(s_); }
-  operator cudaStream_t() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-
 // Outputs of every rank of c.ep.size, summed, against the single-rank output.
 double ep_sum_distance(const Case& c, const Inputs& in, const std::vector<uint16_t>& single_rank_out) {
   std::vector<double> sum(single_rank_out.size(), 0.0);
-  Stream stream;
+  CudaStream stream;
   for (int rank = 0; rank < c.ep.size; ++rank) {
     Case rc = c;
     rc.ep = ExpertParallel{c.ep.size, rank};
@@ -373,7 +364,7 @@ Result run(const Case& c) {
   options.gemm1_splits = options.gemm2_splits = c.splits;
   options.gemm_kernel = c.kernel;
   MoePlan plan = MoePlan::create(options);
-  Stream stream;
+  CudaStream stream;
   DeviceInputs d(c, in);
   const bool from_logits = c.routing == RoutingKind::Logits;
 

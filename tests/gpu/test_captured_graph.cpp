@@ -9,6 +9,7 @@
 #include "gpu_test.h"
 #include "runtime/captured_graph.h"
 #include "runtime/cuda_check.h"
+#include "runtime/cuda_stream.h"
 #include "runtime/device_buffer.h"
 
 namespace k3moe {
@@ -16,8 +17,7 @@ namespace {
 
 TEST(CapturedGraph, ReplaysTheCapturedWork) {
   K3MOE_REQUIRE_GPU();
-  cudaStream_t stream;
-  K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const CudaStream stream;
   DeviceBuffer buffer(64);
   K3MOE_CUDA_CHECK(cudaMemset(buffer.get<uint8_t>(), 0, 64));
   const CapturedGraph graph(stream, [&] { K3MOE_CUDA_CHECK(cudaMemsetAsync(buffer.get<uint8_t>(), 0x5A, 64, stream)); });
@@ -25,13 +25,11 @@ TEST(CapturedGraph, ReplaysTheCapturedWork) {
   graph.launch(stream);
   K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   for (uint8_t b : testing::to_host<uint8_t>(buffer)) EXPECT_EQ(b, 0x5A);
-  cudaStreamDestroy(stream);
 }
 
 TEST(CapturedGraph, ThrowingEnqueueEndsTheCapture) {
   K3MOE_REQUIRE_GPU();
-  cudaStream_t stream;
-  K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const CudaStream stream;
   DeviceBuffer buffer(64);
   EXPECT_THROW(CapturedGraph(stream,
                              [&] {
@@ -44,7 +42,6 @@ TEST(CapturedGraph, ThrowingEnqueueEndsTheCapture) {
   EXPECT_EQ(status, cudaStreamCaptureStatusNone);
   K3MOE_CUDA_CHECK(cudaMemsetAsync(buffer.get<uint8_t>(), 2, 64, stream));  // the stream still works
   K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace

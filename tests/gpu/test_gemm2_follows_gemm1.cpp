@@ -17,15 +17,10 @@
 #include "k3moe/formats.h"
 #include "kernels/expert_gemm.cuh"
 #include "kernels/expert_layout.cuh"
+#include "runtime/cuda_stream.h"
 
 namespace k3moe {
 namespace {
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { K3MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(s); }
-};
 
 // Page-locked host memory: the copy engine moves it while a kernel runs.
 template <class T>
@@ -91,26 +86,26 @@ TEST(WgmmaGemm2, HoldsATokenTileUntilGemm1sCountIsComplete) {
 
   for (int warps : {8, 16}) {
     SCOPED_TRACE("consumer warps " + std::to_string(warps));
-    Stream gemm, host;
-    reset(tiles, gemm.s);
-    kernels::launch_expert_gemm2(a, out, kernels::TokenTile::Wg64, warps, gemm.s);
-    K3MOE_CUDA_CHECK(cudaStreamSynchronize(gemm.s));
+    CudaStream gemm, host;
+    reset(tiles, gemm);
+    kernels::launch_expert_gemm2(a, out, kernels::TokenTile::Wg64, warps, gemm);
+    K3MOE_CUDA_CHECK(cudaStreamSynchronize(gemm));
     const std::vector<float> want = testing::to_host<float>(y);
 
     std::vector<int4> held = tiles;
     held[kDelayed].w = kStores - 1;
-    reset(held, gemm.s);
+    reset(held, gemm);
     K3MOE_CUDA_CHECK(cudaMemsetAsync(d_inter.get<uint16_t>() + int64_t(tiles[kDelayed].y) * kK, 0xFF,
-                                     size_t(tiles[kDelayed].z) * kK * 2, gemm.s));  // bf16 0xFFFF: NaN
+                                     size_t(tiles[kDelayed].z) * kK * 2, gemm));  // bf16 0xFFFF: NaN
     cudaEvent_t done;
     K3MOE_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    kernels::launch_expert_gemm2(a, out, kernels::TokenTile::Wg64, warps, gemm.s);
-    K3MOE_CUDA_CHECK(cudaEventRecord(done, gemm.s));
+    kernels::launch_expert_gemm2(a, out, kernels::TokenTile::Wg64, warps, gemm);
+    K3MOE_CUDA_CHECK(cudaEventRecord(done, gemm));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     // Still held 50 ms later; every other tile's rows already written, the held tile's not.
     EXPECT_EQ(cudaEventQuery(done), cudaErrorNotReady) << "GEMM2 finished while a tile's GEMM1 count was short";
-    K3MOE_CUDA_CHECK(cudaMemcpyAsync(pinned_y, y.get(), size_t(y.bytes()), cudaMemcpyDeviceToHost, host.s));
-    K3MOE_CUDA_CHECK(cudaStreamSynchronize(host.s));
+    K3MOE_CUDA_CHECK(cudaMemcpyAsync(pinned_y, y.get(), size_t(y.bytes()), cudaMemcpyDeviceToHost, host));
+    K3MOE_CUDA_CHECK(cudaStreamSynchronize(host));
     int64_t early = 0, unheld_wrong = 0;
     for (int64_t i = 0; i < int64_t(want.size()); ++i) {
       uint32_t got_bits = 0, want_bits = 0;
@@ -123,9 +118,9 @@ TEST(WgmmaGemm2, HoldsATokenTileUntilGemm1sCountIsComplete) {
     EXPECT_EQ(unheld_wrong, 0) << "outputs of the other tiles not (yet) equal to the undelayed run's";
     // GEMM1's last store of the tile: the rows, then the count.
     K3MOE_CUDA_CHECK(cudaMemcpyAsync(d_inter.get<uint16_t>() + int64_t(tiles[kDelayed].y) * kK, pinned_rows,
-                                     size_t(tiles[kDelayed].z) * kK * 2, cudaMemcpyHostToDevice, host.s));
-    K3MOE_CUDA_CHECK(cudaMemcpyAsync(&d_tiles.get<int4>()[kDelayed].w, pinned_count, 4, cudaMemcpyHostToDevice, host.s));
-    K3MOE_CUDA_CHECK(cudaStreamSynchronize(host.s));
+                                     size_t(tiles[kDelayed].z) * kK * 2, cudaMemcpyHostToDevice, host));
+    K3MOE_CUDA_CHECK(cudaMemcpyAsync(&d_tiles.get<int4>()[kDelayed].w, pinned_count, 4, cudaMemcpyHostToDevice, host));
+    K3MOE_CUDA_CHECK(cudaStreamSynchronize(host));
     // A GEMM2 that never sees the count would spin forever: fail the binary instead of hanging.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (cudaEventQuery(done) == cudaErrorNotReady) {
@@ -136,7 +131,7 @@ TEST(WgmmaGemm2, HoldsATokenTileUntilGemm1sCountIsComplete) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    K3MOE_CUDA_CHECK(cudaStreamSynchronize(gemm.s));
+    K3MOE_CUDA_CHECK(cudaStreamSynchronize(gemm));
     K3MOE_CUDA_CHECK(cudaEventDestroy(done));
     const std::vector<float> got = testing::to_host<float>(y);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), 4 * want.size()), 0) << "held run differs from the undelayed run";
