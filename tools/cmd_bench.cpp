@@ -19,6 +19,7 @@
 
 #include "bench_baseline.h"
 #include "bench_ceilings.h"
+#include "bench_stages.h"
 #include "bench_timing.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -82,6 +83,7 @@ struct Row {
   double us_ids = 0, us_logits = 0, spread_pct = 0, baseline_us = 0;
   double floor_us = 0, floor_ratio = 0, baseline_rel_l2 = 0;
   double read_us = 0;  // the streaming-read kernel over the same bytes
+  StageSpans stages;   // --stages
 };
 
 struct Options {
@@ -93,6 +95,7 @@ struct Options {
   int tile = 0;             // 0: the heuristic's
   std::string kernel = "auto";
   bool explain = false;
+  bool stages = false;
 };
 
 Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
@@ -113,8 +116,10 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
 
   struct Set {
     DeviceTensor x, logits, bias, ids, weights, out, out_baseline;
-    CapturedGraph with_ids, with_logits;
+    CapturedGraph with_ids, with_logits, with_stage_times;
   };
+  // --stages: a third graph per set that also marks stage_records; the timed graphs do not.
+  const DeviceBuffer stage_records(o.stages ? kForwardStages * int64_t(sizeof(StageTimes)) : 0);
   std::vector<std::unique_ptr<Set>> sets;
   std::mt19937_64 rng(c.tokens * 131 + int(c.mode));
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -164,6 +169,11 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
     from_logits.router_logits = set->logits.dl();
     from_logits.router_bias = set->bias.dl();
     set->with_logits = capture(from_logits);
+    if (o.stages) {
+      ForwardArgs marked = args;
+      marked.stage_times = stage_records.get<StageTimes>();
+      set->with_stage_times = capture(marked);
+    }
     if (baseline)
       baseline->add_input_set(static_cast<const uint16_t*>(set->x.data()), ids, set->weights.download<float>(),
                               static_cast<uint16_t*>(set->out_baseline.data()), c.tokens, stream);
@@ -177,9 +187,13 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
     sets[i % kInputSets]->with_logits.launch(stream);
   });
   row.us_ids = 1000.0 * t_ids.median_ms;
+
   row.us_logits = 1000.0 * t_logits.median_ms;
   // The spread of the timed replays: what a second run of the same binary may differ by.
   row.spread_pct = 100.0 * (t_ids.max_ms - t_ids.min_ms) / t_ids.median_ms;
+  if (o.stages)
+    row.stages = measure_stage_spans(stream, stage_records, kRepeats,
+                                     [&](int i) { sets[i % kInputSets]->with_stage_times.launch(stream); });
   if (baseline) {
     const Timing t_base = time_ms(stream, 3, kRepeats, [&](int i) { baseline->launch(i % kInputSets, stream); });
     row.baseline_us = 1000.0 * t_base.median_ms;
@@ -258,6 +272,8 @@ void bench(const Options& o) {
                 c.shape.c_str(), c.tokens, std::string(to_string(c.mode)).c_str(), r.active_experts, r.us_ids,
                 r.us_logits, r.bytes / (r.us_ids * 1e-6) / 1e12, r.flops / (r.us_ids * 1e-6) / 1e12, r.floor_us,
                 r.floor_ratio, r.read_us / r.us_ids, r.baseline_us, r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0, r.spread_pct, r.baseline_rel_l2);
+    if (o.stages) std::printf("         stages, us from the first mark (last CTA start / last wait / last end): %s\n",
+                              describe(r.stages).c_str());
     std::fflush(stdout);
     rows.push_back(r);
   }
@@ -270,7 +286,7 @@ void bench(const Options& o) {
     j["date"] = today();
     j["ceilings"] = {{"copy_tb_s", ceil.copy_tb_s}, {"bf16_tflop_s", ceil.bf16_tflop_s}, {"fp8_tflop_s", ceil.fp8_tflop_s}};
     j["protocol"] = {{"input_sets", kInputSets}, {"repeats", kRepeats}, {"timing", "CUDA graph replay, events, median"}};
-    for (const Row& r : rows)
+    for (const Row& r : rows) {
       j["rows"].push_back({{"shape", r.c.shape},
                            {"tokens", r.c.tokens},
                            {"mode", to_string(r.c.mode)},
@@ -290,6 +306,11 @@ void bench(const Options& o) {
                            {"baseline_us", r.baseline_us},
                            {"speedup", r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0},
                            {"baseline_rel_l2_vs_k3moe", r.baseline_rel_l2}});
+      for (int s = 0; s < int(r.stages.size()); ++s)
+        if (r.stages[s].ran)
+          j["rows"].back()["stages_us"][std::string(to_string(ForwardStage(s)))] = {
+              {"last_start", r.stages[s].start_us}, {"last_wait", r.stages[s].wait_us}, {"last_end", r.stages[s].end_us}};
+    }
     std::ofstream(o.json) << j.dump(1) << "\n";
     std::printf("\nwrote %s\n", o.json.c_str());
   }
@@ -316,6 +337,8 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--kernel", o->kernel, "Force the expert GEMMs' kernel: auto, mmasync or wgmma")
       ->check(CLI::IsMember({"auto", "mmasync", "wgmma"}));
   cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");
+  cmd->add_flag("--stages", o->stages,
+                "Print when each stage ran in the replayed graph (medians; a separate graph with stage_times)");
   cmd->callback([o] { bench(*o); });
 }
 

@@ -25,6 +25,7 @@
 
 #include "k3moe/config.h"
 #include "k3moe/experts.h"
+#include "k3moe/stage_times.h"
 
 namespace k3moe {
 
@@ -115,6 +116,9 @@ struct ForwardArgs {
   const DLTensor* router_logits = nullptr;
   const DLTensor* router_bias = nullptr;
   DLTensor* out = nullptr;  // [T, H] bf16
+  // Optional: device memory of kForwardStages StageTimes, indexed by ForwardStage, zeroed before
+  // the first forward that gets it; each forward's kernels raise the fields (stage_times.h).
+  StageTimes* stage_times = nullptr;
 };
 
 class MoePlan {

@@ -11,6 +11,7 @@
 #include "kernels/launch.cuh"
 #include "kernels/mxfp4_fragments.cuh"
 #include "kernels/sm90/ptx.cuh"
+#include "kernels/stage_marks.cuh"
 #include "runtime/cuda_check.h"
 
 namespace k3moe::kernels {
@@ -33,9 +34,11 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) 
   // NOTE: released early, GEMM2 launches while GEMM1 still runs: its CTAs take the SMs that GEMM1's
   // tail frees and stream their first weights there. They read this stage's output only after
   // their own wait, which covers this stage's end (and so GEMM1's).
+  mark_start(a.times);
   if (a.release_early) ptx::griddepcontrol_launch_dependents();
   ptx::griddepcontrol_wait();
   if (!a.release_early) ptx::griddepcontrol_launch_dependents();
+  if (threadIdx.x == 0) mark_wait(a.times);
   // NOTE: a grid of a few waves strides over the rows in use (the grid is sized without knowing
   // how many of the T K slots are local). Whole warps leave together (I / 4 is a multiple of 32):
   // the shuffles below see all 32 lanes.
@@ -86,6 +89,7 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) 
                        uint32_t(float_to_bf16_bits(v[2])) | (uint32_t(float_to_bf16_bits(v[3])) << 16)};
     *reinterpret_cast<uint2*>(a.inter + row * a.intermediate + j) = packed;
   }
+  if (threadIdx.x == 0) mark_end(a.times);
 }
 
 }  // namespace

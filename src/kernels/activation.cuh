@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "k3moe/config.h"
+#include "k3moe/stage_times.h"
 
 namespace k3moe::kernels {
 
@@ -29,6 +30,7 @@ struct ActivationArgs {
   // Let GEMM2 launch before this stage waits for GEMM1, and run one CTA per SM. It pays only where
   // that CTA fits beside GEMM1's on every SM (KernelChoice::activation_beside_gemm1).
   bool release_early = false;
+  StageTimes* times = nullptr;  // optional record of this launch (stage_marks.cuh)
 };
 
 void launch_activation(const ActivationArgs& args, cudaStream_t stream);

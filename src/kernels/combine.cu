@@ -10,6 +10,7 @@
 #include "k3moe/formats.h"
 #include "kernels/launch.cuh"
 #include "kernels/routing.cuh"
+#include "kernels/stage_marks.cuh"
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
@@ -61,8 +62,10 @@ __global__ void __launch_bounds__(kThreads) combine_lanes_kernel(CombineArgs a, 
   const int token = blockIdx.x, k = threadIdx.x % group;
   const int h = (blockIdx.y * (kThreads / group) + threadIdx.x / group) * 4;
   const int32_t row = slot_row_of(a, token, k);
+  mark_start(a.times);
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
+  if (threadIdx.x == 0) mark_wait(a.times);
   float4 v = slot_term(a, token, k, row, h);
   // NOTE: lanes i and i ^ offset add the same two values, so every lane of the group ends with the
   // same, order-fixed sum.
@@ -73,6 +76,7 @@ __global__ void __launch_bounds__(kThreads) combine_lanes_kernel(CombineArgs a, 
     v.w += __shfl_xor_sync(0xFFFFFFFFu, v.w, offset);
   }
   if (k == 0 && h < a.hidden) store_outputs(a, token, h, v);
+  if (threadIdx.x == 0) mark_end(a.times);
 }
 
 // The butterfly's tree evaluated leaf by leaf (post-order): only one path of partial sums lives, so
@@ -92,12 +96,15 @@ template <int kGroup>
 __global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm) combine_outputs_kernel(CombineArgs a) {
   const int quads = a.hidden / 4;
   const int64_t index = int64_t(blockIdx.x) * kOutputThreads + threadIdx.x;
+  mark_start(a.times);
   if (index >= int64_t(a.tokens) * quads) return;
   const int token = int(index / quads), h = int(index % quads) * 4;
   ptx::prefetch_l1(a.slot_row + int64_t(token) * a.top_k);  // the rows, re-read from L1 below
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
+  if (threadIdx.x == 0) mark_wait(a.times);
   store_outputs(a, token, h, subtree<0, kGroup>(a, token, h));
+  if (threadIdx.x == 0) mark_end(a.times);
 }
 
 template <int kGroup>

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "k3moe/stage_times.h"
+
 namespace k3moe::kernels {
 
 inline constexpr int kMaxCombineSplits = 8;  // GEMM2 K splits the combine sums
@@ -26,6 +28,7 @@ struct CombineArgs {
   uint16_t* out = nullptr;            // [T, H] bf16
   int tokens = 0, top_k = 0, hidden = 0;
   CombineMapping mapping = CombineMapping::Auto;  // a test forces either
+  StageTimes* times = nullptr;  // optional record of this launch (stage_marks.cuh)
 };
 
 void launch_combine(const CombineArgs& args, cudaStream_t stream);

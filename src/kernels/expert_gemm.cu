@@ -27,6 +27,7 @@
 #include "kernels/launch.cuh"
 #include "kernels/mxfp4_fragments.cuh"
 #include "kernels/sm90/ptx.cuh"
+#include "kernels/stage_marks.cuh"
 #include "runtime/cuda_check.h"
 
 namespace k3moe::kernels {
@@ -331,6 +332,7 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
         for (int s = 0; s < early; ++s) copier.weights(smem + s * T::kStageBytes, chunk + s, &full[s]);
       }
       ptx::griddepcontrol_wait();
+      if (lane == 0) mark_wait(a.times);
       for (int s = 0; s < early; ++s, ++chunk, at.advance())
         copier.activations(a, smem + s * T::kStageBytes, chunk, lane, &full[s]);
       inputs_pending = false;
@@ -361,11 +363,15 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
   __shared__ Pipeline p;
   __shared__ __align__(8) uint64_t s_full[T::kStages], s_empty[T::kStages];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  mark_start(a.times);
   // NOTE: the schedule comes from the permutation, which completed before the previous kernel
   // (GEMM1 or the activation) passed its own wait. GEMM2's weights do not depend on GEMM1 either:
   // GEMM2's producer waits for GEMM1's output only after it started streaming its first unit's
   // weights.
-  if (kEpi != Epilogue::Rows) ptx::griddepcontrol_wait();
+  if (kEpi != Epilogue::Rows) {
+    ptx::griddepcontrol_wait();
+    if (threadIdx.x == 0) mark_wait(a.times);
+  }
   ptx::griddepcontrol_launch_dependents();
   const int total_tiles = *a.num_tiles;
   const int row_blocks = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
@@ -403,6 +409,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     }
     store_unit<T, kEpi>(a, out, unit, slot, warp, lane, acc);
   }
+  if (lane == 0) mark_end(a.times);
 }
 
 template <class T, Epilogue kEpi>

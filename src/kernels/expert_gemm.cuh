@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "k3moe/config.h"
+#include "k3moe/stage_times.h"
 
 namespace k3moe::kernels {
 
@@ -53,6 +54,7 @@ struct ExpertGemmArgs {
   // without waiting for GEMM1's grid: GEMM1's last, partial wave then overlaps GEMM2. 0: GEMM2
   // waits for GEMM1's grid.
   int gemm1_stores_per_tile = 0;
+  StageTimes* times = nullptr;  // optional record of this launch (stage_marks.cuh)
 };
 
 struct GemmOutput {

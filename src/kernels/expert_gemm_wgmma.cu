@@ -40,6 +40,7 @@
 #include "kernels/launch.cuh"
 #include "kernels/mxfp4_fragments.cuh"
 #include "kernels/sm90/ptx.cuh"
+#include "kernels/stage_marks.cuh"
 #include "runtime/cuda_check.h"
 
 namespace k3moe::kernels {
@@ -337,6 +338,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   __shared__ __align__(16) uint32_t s_rows[T::kTokens];
   __shared__ int4 s_units[T::kStages];
   __shared__ int s_next;
+  mark_start(a.times);
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
       ptx::mbarrier_init(&s_full[s], 1 + 128);  // the bulk copies' arrival + 128 cp.async threads
@@ -348,7 +350,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   // NOTE: GEMM2 reads GEMM1's rows after their tile's count (acquire), and the schedule, written
   // before GEMM1's CTAs released this grid, without waiting for GEMM1's end.
   constexpr bool kTakeUnits = kEpi == Epilogue::Rows;
-  if (!kTakeUnits || a.gemm1_stores_per_tile == 0) ptx::griddepcontrol_wait();
+  if (!kTakeUnits || a.gemm1_stores_per_tile == 0) {
+    ptx::griddepcontrol_wait();
+    if (threadIdx.x == 0) mark_wait(a.times);
+  }
   ptx::griddepcontrol_launch_dependents();
   const int row_groups = (a.N + T::kRowsPerCta - 1) / T::kRowsPerCta;
   const int num_units = *a.num_tiles * row_groups;
@@ -389,6 +394,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
     if (lane == 0) ptx::mbarrier_arrive(&s_empty[release]);
     release = -1;
     store_wg_unit<T, kEpi>(a, out, unit, width, cwg, warp, lane, acc, s_amax[cwg]);
+    if (lane == 0) mark_end(a.times);  // per unit: after the loop, the mark made ptxas spill
     if constexpr (kEpi == Epilogue::Activation) {  // this warpgroup's rows of the unit stored, for GEMM2
       ptx::named_barrier_sync(1 + cwg, 128);
       if (threadIdx.x % 128 == 0) {

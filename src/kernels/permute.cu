@@ -11,6 +11,7 @@
 
 #include "kernels/launch.cuh"
 #include "kernels/mxfp8_rounding.cuh"
+#include "kernels/stage_marks.cuh"
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
@@ -25,11 +26,19 @@ constexpr int kBlockSlots = kThreads * kBlockRounds;
 // Every kernel's start: wait for the previous kernel and let the next one launch; blocks 1.. then
 // run their items of the rounding job. True for block 0, the permutation.
 __device__ __forceinline__ bool start_permutation_block(const PermuteArgs& a) {
+  mark_start(a.times);
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
+  if (threadIdx.x == 0) mark_wait(a.times);
   if (blockIdx.x == 0) return true;
   run_mxfp8_rounding(a.rounding, int64_t(blockIdx.x - 1) * blockDim.x + threadIdx.x);
+  if (threadIdx.x == 0) mark_end(a.times);
   return false;
+}
+
+// Block 0's end: each warp's last write.
+__device__ __forceinline__ void end_permutation_warp(const PermuteArgs& a) {
+  if (threadIdx.x % 32 == 0) mark_end(a.times);
 }
 
 __device__ __forceinline__ int local_of(const PermuteArgs& a, int id) {
@@ -142,6 +151,7 @@ __global__ void __launch_bounds__(kThreads, 1) permute_block_kernel(PermuteArgs 
     if (r >= rounds || slot >= slots) break;
     write_row(a, slot, local[r] < 0 ? -1 : expert_rows[local[r]] + counts[local[r]] + rank[r]);
   }
+  end_permutation_warp(a);
 }
 
 // Warp w owns a contiguous range of slots; pass 2 walks it again (ranks recomputed by match_any).
@@ -174,6 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1) permute_large_kernel(PermuteArgs 
     __syncwarp();
     if (slot < end) write_row(a, slot, row);
   }
+  end_permutation_warp(a);
 }
 
 constexpr int kWarpSlots = 512;
@@ -241,6 +252,7 @@ __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
     __syncwarp();
     if (slot < slots) write_row(a, slot, row);
   }
+  end_permutation_warp(a);
 }
 
 int smem_bytes(int warps, int num_local) { return (warps + 1) * num_local * int(sizeof(int32_t)); }

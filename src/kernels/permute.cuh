@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "k3moe/stage_times.h"
 #include "kernels/quantize_mxfp8.cuh"
 
 namespace k3moe::kernels {
@@ -32,6 +33,7 @@ struct PermuteArgs {
   // Independent work that rides in the same launch on blocks 1.. (the permutation is one block):
   // the forward's MXFP8 rounding of x, so that the GEMMs wait for one kernel, not two.
   Mxfp8Rounding rounding;
+  StageTimes* times = nullptr;  // optional record of this launch (stage_marks.cuh)
 };
 
 // The most token tiles T K rows can make: each expert's last tile may be partial.

@@ -15,6 +15,7 @@
 
 #include "k3moe/formats.h"
 #include "kernels/launch.cuh"
+#include "kernels/stage_marks.cuh"
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
@@ -63,8 +64,10 @@ __global__ void __launch_bounds__(kThreads) routing_kernel(RoutingArgs a) {
   __shared__ Key s_cand[kWarps][kRoutingMaxTopK];
   __shared__ int32_t s_win_id[kRoutingMaxTopK];
   __shared__ float s_win_score[kRoutingMaxTopK];
+  mark_start(a.times);
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
+  if (threadIdx.x == 0) mark_wait(a.times);
   const int token = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* logits = a.logits + int64_t(token) * a.num_experts;
 
@@ -138,6 +141,7 @@ __global__ void __launch_bounds__(kThreads) routing_kernel(RoutingArgs a) {
   }
   a.ids[int64_t(token) * a.top_k + lane] = s_win_id[lane];
   a.weights[int64_t(token) * a.top_k + lane] = weight * a.scaling;
+  if (lane == 0) mark_end(a.times);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "k3moe/stage_times.h"
+
 namespace k3moe::kernels {
 
 inline constexpr int kRoutingMaxExperts = 1024;  // 8 per thread of the CTA that routes a token
@@ -19,6 +21,7 @@ struct RoutingArgs {
   int tokens = 0, num_experts = 0, top_k = 0;
   bool renormalize = true;
   float scaling = 1.0f;
+  StageTimes* times = nullptr;  // optional record of this launch (stage_marks.cuh)
 };
 
 void launch_routing(const RoutingArgs& args, cudaStream_t stream);

@@ -2,7 +2,9 @@
 // enqueues the stages in order: [routing] -> [MXFP8 quantization] -> permutation -> GEMM1 (+ the
 // activation, fused or as its own stage when K is split) -> GEMM2 -> combine.
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
+#include <string>
 #include <type_traits>
 
 #include "k3moe/error.h"
@@ -189,6 +191,15 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
               "give either topk_ids + topk_weights or router_logits + router_bias");
   if (args.topk_ids || !from_logits) check_tensor(args.topk_ids, "topk_ids", kI32, {T, K}, o.device);
   if (args.topk_weights || !from_logits) check_tensor(args.topk_weights, "topk_weights", kF32, {T, K}, o.device);
+  if (args.stage_times) {
+    cudaPointerAttributes where{};
+    K3MOE_CUDA_CHECK(cudaPointerGetAttributes(&where, args.stage_times));
+    const bool on_device = where.type == cudaMemoryTypeDevice || where.type == cudaMemoryTypeManaged;
+    K3MOE_CHECK(on_device && where.device == o.device && reinterpret_cast<uintptr_t>(args.stage_times) % 8 == 0,
+                "stage_times must be 8-byte aligned memory of device ", o.device, ", got ",
+                on_device ? "memory of device " + std::to_string(where.device) : std::string("host memory"), " at ",
+                static_cast<const void*>(args.stage_times));
+  }
   if (T == 0) return;
 
   DeviceGuard guard(o.device);
@@ -196,9 +207,11 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   Workspace::carve(&ws, workspace ? static_cast<char*>(workspace) : p.workspace_buffer.get<char>(), o, T, p.sm_count);
   int32_t* ids = args.topk_ids ? data_ptr<int32_t>(args.topk_ids) : ws.route_ids;
   float* weights = args.topk_weights ? data_ptr<float>(args.topk_weights) : ws.route_weights;
+  const auto times = [&](ForwardStage s) { return args.stage_times ? args.stage_times + int(s) : nullptr; };
   if (from_logits) {
     kernels::launch_routing({data_ptr<float>(args.router_logits), data_ptr<float>(args.router_bias), ids, weights,
-                             int(T), int(E), int(K), c.renormalize, c.routed_scaling_factor},
+                             int(T), int(E), int(K), c.renormalize, c.routed_scaling_factor,
+                             times(ForwardStage::Routing)},
                             stream);
   }
 
@@ -209,6 +222,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::PermuteArgs permute{ids, int(T), int(K), p.first_expert, p.num_local, ws.expert_offset, ws.row_token,
                                ws.slot_row, kernels::tile_tokens(choice.token_tile), ws.tile_info, ws.num_tiles,
                                ws.unit_counters};
+  permute.times = times(ForwardStage::Permutation);
   if (o.mode == Mode::Mxfp8) {
     permute.rounding = x_prequantized ? kernels::dequantizing(data_ptr<uint8_t>(args.x),
                                                               data_ptr<uint8_t>(args.x_scales), int(T), int(H),
@@ -224,6 +238,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
                              ws.unit_counters, p.num_local, 2 * c.intermediate, c.hidden, choice.gemm1_splits, p.sm_count};
   g1.weights_once = choice.weights_once;
   g1.unit_widths = choice.unit_widths;
+  g1.times = times(ForwardStage::Gemm1);
   kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
   kernels::launch_expert_gemm1(g1, out1, choice.token_tile, choice.gemm_warps, stream);
   if (choice.gemm1_splits > 1) {
@@ -231,6 +246,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
                                 int(rows), p.sm_count, c.intermediate, ws.inter, o.mode, o.activation,
                                 o.activation_params};
     act.release_early = choice.activation_beside_gemm1;
+    act.times = times(ForwardStage::Activation);
     kernels::launch_activation(act, stream);
   }
   kernels::ExpertGemmArgs g2 = g1;
@@ -244,14 +260,22 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   g2.N = c.hidden;
   g2.K = c.intermediate;
   g2.splits = choice.gemm2_splits;
+  g2.times = times(ForwardStage::Gemm2);
   kernels::GemmOutput out2;
   out2.rows = ws.y;
   out2.split_stride = rows * c.hidden;
   kernels::launch_expert_gemm2(g2, out2, choice.token_tile, choice.gemm_warps, stream);
 
   kernels::launch_combine({ws.y, rows * c.hidden, choice.gemm2_splits, ws.slot_row, weights,
-                           data_ptr<uint16_t>(args.out), int(T), int(K), int(H)},
+                           data_ptr<uint16_t>(args.out), int(T), int(K), int(H), kernels::CombineMapping::Auto,
+                           times(ForwardStage::Combine)},
                           stream);
+}
+
+std::string_view to_string(ForwardStage stage) {
+  constexpr std::string_view kNames[kForwardStages] = {"routing", "permutation", "GEMM1", "activation", "GEMM2",
+                                                       "combine"};
+  return kNames[int(stage)];
 }
 
 void MoePlan::route(const DLTensor& logits, const DLTensor& bias, DLTensor& ids, DLTensor& weights,

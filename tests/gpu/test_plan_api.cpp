@@ -8,6 +8,7 @@
 #include "expect_error.h"
 #include "gpu_test.h"
 #include "k3moe/error.h"
+#include "k3moe/formats.h"
 #include "kernels/expert_gemm.cuh"
 #include "k3moe/synthetic.h"
 #include "runtime/device_tensor.h"
@@ -149,6 +150,75 @@ TEST(MoePlan, RejectsShapesTheKernelsDoNotTake) {
   testing::expect_error(
       [&] { MoePlan::create({c, int(limit + 1), Mode::A16, Activation::Situ, c.activation_params, {1, 0}, 0}); },
       {"max_tokens must be <= " + std::to_string(limit), "got " + std::to_string(limit + 1)});
+}
+
+// The stage records follow the launch chain: every stage after the first passes its wait only after
+// the stage before has ended (programmatic dependent launch), and a second forward raises them.
+TEST(MoePlan, StageTimesFollowTheLaunchChain) {
+  K3MOE_REQUIRE_GPU();
+  const MoeConfig c = small_config();
+  const DeviceExperts experts = DeviceExperts::upload(small_experts(), 0);
+  PlanOptions options{c, 16, Mode::Mxfp8, Activation::Situ, c.activation_params, {1, 0}, 0};
+  options.gemm1_splits = 2;  // so the activation stage runs
+  const MoePlan plan = MoePlan::create(options);
+  const int T = 8;
+  std::vector<uint16_t> x(size_t(T) * c.hidden);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float_to_bf16_bits(float(int(i % 17) - 8) / 8.0f);
+  std::vector<int32_t> ids(size_t(T) * c.top_k);
+  std::vector<float> weights(ids.size(), 0.5f), logits(size_t(T) * c.num_experts), bias(size_t(c.num_experts), 0.0f);
+  for (int t = 0; t < T; ++t) {
+    ids[size_t(t) * c.top_k] = t % c.num_experts;
+    ids[size_t(t) * c.top_k + 1] = (t + 3) % c.num_experts;
+  }
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = float(int(i * 7 % 13) - 6) / 4.0f;
+  DeviceTensor x_d = DeviceTensor::from_host(x, {T, c.hidden}, kBf16, 0);
+  DeviceTensor ids_d = DeviceTensor::from_host(ids, {T, c.top_k}, kI32, 0);
+  DeviceTensor weights_d = DeviceTensor::from_host(weights, {T, c.top_k}, kF32, 0);
+  DeviceTensor logits_d = DeviceTensor::from_host(logits, {T, c.num_experts}, kF32, 0);
+  DeviceTensor bias_d = DeviceTensor::from_host(bias, {c.num_experts}, kF32, 0);
+  DeviceTensor out({T, c.hidden}, kBf16, 0);
+  DeviceBuffer records(kForwardStages * int64_t(sizeof(StageTimes)));
+  K3MOE_CUDA_CHECK(cudaMemset(records.get(), 0, size_t(records.bytes())));
+  ForwardArgs a;
+  a.x = x_d.dl();
+  a.topk_ids = ids_d.dl();
+  a.topk_weights = weights_d.dl();
+  a.out = out.dl();
+  a.stage_times = records.get<StageTimes>();
+
+  const auto check_chain = [&](const std::vector<StageTimes>& t, bool routed) {
+    const auto at = [&](ForwardStage s) { return t[size_t(s)]; };
+    EXPECT_EQ(at(ForwardStage::Routing).last_start != 0, routed);
+    ForwardStage previous = ForwardStage::Routing;
+    for (ForwardStage s : {ForwardStage::Permutation, ForwardStage::Gemm1, ForwardStage::Activation,
+                           ForwardStage::Gemm2, ForwardStage::Combine}) {
+      SCOPED_TRACE(std::string(to_string(s)));
+      EXPECT_GT(at(s).last_start, 0u);
+      EXPECT_GT(at(s).last_wait, 0u);
+      EXPECT_LE(at(s).last_start, at(s).last_end);
+      EXPECT_LE(at(s).last_wait, at(s).last_end);
+      if (s != ForwardStage::Permutation || routed) EXPECT_GE(at(s).last_wait, at(previous).last_end);
+      previous = s;
+    }
+  };
+  plan.forward(experts, a, nullptr);
+  K3MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<StageTimes> first = testing::to_host<StageTimes>(records);
+  check_chain(first, false);
+
+  a.topk_ids = a.topk_weights = nullptr;
+  a.router_logits = logits_d.dl();
+  a.router_bias = bias_d.dl();
+  plan.forward(experts, a, nullptr);
+  K3MOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<StageTimes> second = testing::to_host<StageTimes>(records);
+  check_chain(second, true);
+  for (int s = int(ForwardStage::Permutation); s < kForwardStages; ++s)
+    EXPECT_GT(second[size_t(s)].last_start, first[size_t(s)].last_end) << to_string(ForwardStage(s));
+
+  StageTimes on_host[kForwardStages];
+  a.stage_times = on_host;
+  testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"stage_times must be", "host memory"});
 }
 
 }  // namespace
