@@ -5,8 +5,12 @@
 // the expert's offset from a scan over experts. Pass 2 hands out rows: that first row + the rank.
 //   warp:  up to 512 slots (chosen up to 128), one warp: shuffles instead of barriers and scans;
 //   block: up to 8192 slots, 32 warps of contiguous slot ranges, ranks kept in registers;
-//   large: any count, 32 warps; pass 2 walks the slots again (prefill).
-// Blocks 1.. of the launch run PermuteArgs::rounding instead, one item per thread.
+//   large: any count (prefill), kPermuteLargeBlocks blocks of 32 warps over contiguous slot ranges
+//          in three launches: counts per (block, expert); one block's scan of them into each
+//          block's first rows (the other kernels' per-warp prefix, one level up); each block counts
+//          again per warp and hands out its rows (pass 2 walks the slots again).
+// Blocks past the permutation's in the (first) launch run PermuteArgs::rounding instead, one item
+// per thread.
 #include "kernels/permute.cuh"
 
 #include "kernels/launch.cuh"
@@ -23,15 +27,16 @@ static_assert(kPermuteMaxLocalExperts <= kThreads, "one expert per thread in the
 constexpr int kBlockRounds = 8;  // rounds of 32 slots per warp in the block kernel's registers
 constexpr int kBlockSlots = kThreads * kBlockRounds;
 
-// Every kernel's start: wait for the previous kernel and let the next one launch; blocks 1.. then
-// run their items of the rounding job. True for block 0, the permutation.
-__device__ __forceinline__ bool start_permutation_block(const PermuteArgs& a) {
+// Every kernel's start: wait for the previous kernel and let the next one launch; blocks from
+// `blocks` on then run their items of the rounding job. True for blocks 0 .. blocks - 1, the
+// permutation's.
+__device__ __forceinline__ bool start_permutation_block(const PermuteArgs& a, int blocks = 1) {
   mark_start(a.times);
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   if (threadIdx.x == 0) mark_wait(a.times);
-  if (blockIdx.x == 0) return true;
-  run_mxfp8_rounding(a.rounding, int64_t(blockIdx.x - 1) * blockDim.x + threadIdx.x);
+  if (int(blockIdx.x) < blocks) return true;
+  run_mxfp8_rounding(a.rounding, int64_t(blockIdx.x - blocks) * blockDim.x + threadIdx.x);
   if (threadIdx.x == 0) mark_end(a.times);
   return false;
 }
@@ -154,41 +159,97 @@ __global__ void __launch_bounds__(kThreads, 1) permute_block_kernel(PermuteArgs 
   end_permutation_warp(a);
 }
 
-// Warp w owns a contiguous range of slots; pass 2 walks it again (ranks recomputed by match_any).
-__global__ void __launch_bounds__(kThreads, 1) permute_large_kernel(PermuteArgs a) {
-  const auto [warp_rows, expert_rows] = block_counts(a);
-  if (!start_permutation_block(a)) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// The large permutation's slots of this block's warp: block b of gridDim.x owns a contiguous
+// range, each of its warps a contiguous piece of it.
+struct SlotRange {
+  int64_t begin, end;
+};
+__device__ __forceinline__ SlotRange warp_slots(const PermuteArgs& a) {
   const int64_t slots = int64_t(a.tokens) * a.top_k;
-  const int64_t per_warp = (slots + kWarps - 1) / kWarps;
-  const int64_t begin = min(slots, warp * per_warp), end = min(slots, begin + per_warp);
-  int32_t* counts = warp_rows + warp * a.num_local;
+  const int64_t per_block = (slots + kPermuteLargeBlocks - 1) / kPermuteLargeBlocks;
+  const int64_t block_begin = min(slots, blockIdx.x * per_block), block_end = min(slots, block_begin + per_block);
+  const int64_t per_warp = (block_end - block_begin + kWarps - 1) / kWarps;
+  const int64_t begin = min(block_end, block_begin + (threadIdx.x / 32) * per_warp);
+  return {begin, min(block_end, begin + per_warp)};
+}
+
+// Pass 1: this warp's rows per expert into counts ([num_local], the warp's own), from zero.
+__device__ __forceinline__ void count_warp_slots(const PermuteArgs& a, SlotRange range, int32_t* counts) {
+  const int lane = threadIdx.x % 32;
   for (int e = lane; e < a.num_local; e += 32) counts[e] = 0;
   __syncwarp();
-  for (int64_t base = begin; base < end; base += 32) {
-    const int le = base + lane < end ? local_of(a, a.ids[base + lane]) : -1;
+  for (int64_t base = range.begin; base < range.end; base += 32) {
+    const int le = base + lane < range.end ? local_of(a, a.ids[base + lane]) : -1;
     const uint32_t peers = __match_any_sync(0xFFFFFFFFu, le);
     if (le >= 0 && (peers & ptx::lanemask_lt()) == 0) counts[le] += __popc(peers);
     __syncwarp();
   }
+}
+
+// Launch 1 of 3: block b's rows per expert into block_rows[b].
+__global__ void __launch_bounds__(kThreads, 1) permute_large_count_kernel(PermuteArgs a) {
+  const auto [warp_rows, expert_rows] = block_counts(a);
+  if (!start_permutation_block(a, kPermuteLargeBlocks)) return;
+  count_warp_slots(a, warp_slots(a), warp_rows + (threadIdx.x / 32) * a.num_local);
+  __syncthreads();
+  for (int e = threadIdx.x; e < a.num_local; e += kThreads) {
+    int32_t rows = 0;
+    for (int w = 0; w < kWarps; ++w) rows += warp_rows[w * a.num_local + e];
+    a.block_rows[int64_t(blockIdx.x) * a.num_local + e] = rows;
+  }
+  end_permutation_warp(a);
+}
+
+// Launch 2 of 3 (one block): the blocks' counts become their first rows, as the other kernels
+// turn their warps' counts into the warps' first rows; the offsets and schedule are written.
+__global__ void __launch_bounds__(kThreads, 1) permute_large_scan_kernel(PermuteArgs a) {
+  static_assert(kPermuteLargeBlocks == kWarps, "assign_first_rows scans one count per warp");
+  const auto [warp_rows, expert_rows] = block_counts(a);
+  if (!start_permutation_block(a)) return;
+  for (int i = threadIdx.x; i < kWarps * a.num_local; i += kThreads) warp_rows[i] = a.block_rows[i];
   assign_first_rows(a, warp_rows, expert_rows);
-  for (int e = lane; e < a.num_local; e += 32) counts[e] += expert_rows[e];  // each (warp, expert)'s next row
-  __syncwarp();
-  for (int64_t base = begin; base < end; base += 32) {
+  for (int i = threadIdx.x; i < kWarps * a.num_local; i += kThreads)
+    a.block_rows[i] = expert_rows[i % a.num_local] + warp_rows[i];
+  end_permutation_warp(a);
+}
+
+// Launch 3 of 3: block b counts per warp again, offsets the counts from its first rows (a prefix
+// over its warps) and hands out each slot's row.
+__global__ void __launch_bounds__(kThreads, 1) permute_large_write_kernel(PermuteArgs a) {
+  const auto [warp_rows, expert_rows] = block_counts(a);
+  if (!start_permutation_block(a, kPermuteLargeBlocks)) return;
+  const int lane = threadIdx.x % 32;
+  const SlotRange range = warp_slots(a);
+  int32_t* counts = warp_rows + (threadIdx.x / 32) * a.num_local;
+  count_warp_slots(a, range, counts);
+  __syncthreads();
+  for (int e = threadIdx.x; e < a.num_local; e += kThreads) {
+    int32_t next = a.block_rows[int64_t(blockIdx.x) * a.num_local + e];
+    for (int w = 0; w < kWarps; ++w) {
+      const int32_t rows = warp_rows[w * a.num_local + e];
+      warp_rows[w * a.num_local + e] = next;
+      next += rows;
+    }
+  }
+  __syncthreads();
+  for (int64_t base = range.begin; base < range.end; base += 32) {
     const int64_t slot = base + lane;
-    const int le = slot < end ? local_of(a, a.ids[slot]) : -1;
+    const int le = slot < range.end ? local_of(a, a.ids[slot]) : -1;
     const uint32_t peers = __match_any_sync(0xFFFFFFFFu, le), before = peers & ptx::lanemask_lt();
     const int32_t row = le >= 0 ? counts[le] + __popc(before) : -1;
     __syncwarp();
     if (le >= 0 && before == 0) counts[le] += __popc(peers);
     __syncwarp();
-    if (slot < end) write_row(a, slot, row);
+    if (slot < range.end) write_row(a, slot, row);
   }
   end_permutation_warp(a);
 }
 
 constexpr int kWarpSlots = 512;
 constexpr int kWarpAutoSlots = 128;  // beyond, the block kernel is faster (Session 10)
+// Beyond, the large permutation's three launches over 32 blocks are faster than one block (on the
+// H200: 8192 slots 16.8 us in one block, 65,536 in 8.9 us over 32; bench/NOTES.md, Session 19).
+constexpr int kBlockAutoSlots = 4096;
 constexpr int kWarpRounds = kWarpSlots / 32;
 
 __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
@@ -260,7 +321,8 @@ int smem_bytes(int warps, int num_local) { return (warps + 1) * num_local * int(
 }  // namespace
 
 void configure_permute_kernel() {
-  for (auto kernel : {permute_block_kernel, permute_large_kernel})
+  for (auto kernel : {permute_block_kernel, permute_large_count_kernel, permute_large_scan_kernel,
+                      permute_large_write_kernel})
     K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           smem_bytes(kWarps, kPermuteMaxLocalExperts)));
 }
@@ -275,17 +337,22 @@ void launch_permute(const PermuteArgs& args, cudaStream_t stream, PermuteKernel 
               kBlockSlots, " slots, got ", slots);
   if (kernel == PermuteKernel::Auto)
     kernel = slots <= kWarpAutoSlots ? PermuteKernel::Warp
-             : slots <= kBlockSlots ? PermuteKernel::Block
+             : slots <= kBlockAutoSlots ? PermuteKernel::Block
                                     : PermuteKernel::Large;
   const int threads = kernel == PermuteKernel::Warp ? 32 : kThreads;
   const int64_t rounding_blocks = (args.rounding.items + threads - 1) / threads;
   K3MOE_CHECK(rounding_blocks < (int64_t(1) << 31), "the MXFP8 rounding takes ", args.rounding.items,
               " items, more than one launch's blocks of ", threads);
-  const dim3 grid(unsigned(1 + rounding_blocks));
+  const int smem = smem_bytes(kernel == PermuteKernel::Warp ? 0 : kWarps, args.num_local);
   if (kernel == PermuteKernel::Warp)
-    return launch_dependent(permute_warp_kernel, grid, threads, smem_bytes(0, args.num_local), stream, args);
-  launch_dependent(kernel == PermuteKernel::Block ? permute_block_kernel : permute_large_kernel, grid, threads,
-                   smem_bytes(kWarps, args.num_local), stream, args);
+    return launch_dependent(permute_warp_kernel, dim3(unsigned(1 + rounding_blocks)), threads, smem, stream, args);
+  if (kernel == PermuteKernel::Block)
+    return launch_dependent(permute_block_kernel, dim3(unsigned(1 + rounding_blocks)), threads, smem, stream, args);
+  K3MOE_CHECK(args.block_rows != nullptr, "the large permutation needs its scratch (PermuteArgs::block_rows)");
+  launch_dependent(permute_large_count_kernel, dim3(unsigned(kPermuteLargeBlocks + rounding_blocks)), threads, smem,
+                   stream, args);
+  launch_dependent(permute_large_scan_kernel, dim3(1), threads, smem, stream, args);
+  launch_dependent(permute_large_write_kernel, dim3(unsigned(kPermuteLargeBlocks)), threads, smem, stream, args);
 }
 
 }  // namespace k3moe::kernels

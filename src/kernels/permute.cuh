@@ -33,14 +33,21 @@ struct PermuteArgs {
   // Independent work that rides in the same launch on blocks 1.. (the permutation is one block):
   // the forward's MXFP8 rounding of x, so that the GEMMs wait for one kernel, not two.
   Mxfp8Rounding rounding;
+  // The large permutation's scratch: per (block, expert) counts, then first rows
+  // [kPermuteLargeBlocks][num_local] (permute_scratch_bytes).
+  int32_t* block_rows = nullptr;
   StageTimes* times = nullptr;  // optional record of this launch (stage_marks.cuh)
 };
+
+inline constexpr int kPermuteLargeBlocks = 32;
+inline int64_t permute_scratch_bytes(int num_local) { return int64_t(kPermuteLargeBlocks) * num_local * 4; }
 
 // The most token tiles T K rows can make: each expert's last tile may be partial.
 inline int64_t max_tiles(int64_t rows, int num_local, int tile_rows) { return rows / tile_rows + num_local; }
 
-// Auto: one warp up to 128 slots, one block with ranks in registers up to 8192, else the large
-// kernel; the others force a kernel (tests; Warp takes up to 512 slots, Block up to 8192).
+// Auto: one warp up to 128 slots, one block with ranks in registers up to 4096, else the large
+// one (three launches over kPermuteLargeBlocks blocks); the others force a kernel (tests; Warp
+// takes up to 512 slots, Block up to 8192).
 enum class PermuteKernel { Auto, Warp, Block, Large };
 void launch_permute(const PermuteArgs& args, cudaStream_t stream, PermuteKernel kernel = PermuteKernel::Auto);
 // Raises the kernel's shared-memory limit on the current device; once per device, before launches.

@@ -46,6 +46,7 @@ struct Workspace {
   int4* tile_info = nullptr;        // the GEMMs' schedule: [max_tiles] token tiles
   int32_t* num_tiles = nullptr;     // [1]
   int* unit_counters = nullptr;     // [2] GEMM1, GEMM2
+  int32_t* permute_scratch = nullptr;  // the large permutation's per-block rows
   float* h = nullptr;               // [splits1][T K, 2I] fp32, when GEMM1 splits K
   uint16_t* inter = nullptr;        // [T K, I] bf16
   float* y = nullptr;               // [splits2][T K, H] fp32
@@ -71,6 +72,7 @@ struct Workspace {
     take(w->tile_info, kernels::max_tiles(T * K, int(local), kernels::tile_tokens(choice.token_tile)) * 16);
     take(w->num_tiles, 4);
     take(w->unit_counters, 2 * 4);
+    take(w->permute_scratch, kernels::permute_scratch_bytes(int(local)));
     take(w->h, choice.gemm1_splits > 1 ? choice.gemm1_splits * T * K * 2 * I * 4 : 0);
     take(w->inter, T * K * I * 2);
     take(w->y, choice.gemm2_splits * T * K * H * 4);
@@ -222,6 +224,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::PermuteArgs permute{ids, int(T), int(K), p.first_expert, p.num_local, ws.expert_offset, ws.row_token,
                                ws.slot_row, kernels::tile_tokens(choice.token_tile), ws.tile_info, ws.num_tiles,
                                ws.unit_counters};
+  permute.block_rows = ws.permute_scratch;
   permute.times = times(ForwardStage::Permutation);
   if (o.mode == Mode::Mxfp8) {
     permute.rounding = x_prequantized ? kernels::dequantizing(data_ptr<uint8_t>(args.x),

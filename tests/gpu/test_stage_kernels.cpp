@@ -264,11 +264,13 @@ TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
   struct Case {
     int tokens, top_k, first_expert, num_local, tile_rows;
   };
-  // Shapes of one rank on each side of the kernels' limits (512 and 8192 slots); ids include -1,
-  // other ranks' experts and values outside [0, 896). The last: 1024 local experts, every id local.
+  // Shapes of one rank on each side of the kernels' limits (512 and 8192 slots) and prefill's
+  // (local28 T = 4096, ep16 T = 8192: many rounds per warp of the large kernel's blocks); ids
+  // include -1, other ranks' experts and values outside [0, 896); 1024 local experts, every id local.
   for (const Case c : {Case{1, 16, 28, 28, 8}, Case{8, 16, 0, 28, 8}, Case{32, 16, 56, 56, 16}, Case{32, 16, 0, 28, 32},
                        Case{5, 3, 2, 40, 8}, Case{33, 16, 0, 28, 8}, Case{256, 16, 56, 56, 8}, Case{512, 16, 0, 56, 16},
-                       Case{513, 16, 28, 28, 128}, Case{1000, 7, 3, 5, 64}, Case{300, 16, 0, 1024, 8}}) {
+                       Case{513, 16, 28, 28, 128}, Case{1000, 7, 3, 5, 64}, Case{300, 16, 0, 1024, 8},
+                       Case{4096, 16, 0, 28, 128}, Case{8192, 16, 56, 56, 128}}) {
     const int slots = c.tokens * c.top_k;
     std::mt19937_64 rng(uint64_t(slots) * 31 + c.num_local);
     std::vector<int32_t> ids(static_cast<size_t>(slots));
@@ -315,6 +317,7 @@ TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
       DeviceBuffer offset(4 * (c.num_local + 1)), row_token(4 * slots), slot_row(4 * slots),
           tiles(16 * kernels::max_tiles(slots, c.num_local, c.tile_rows)), num_tiles(4);
       DeviceBuffer counters = testing::to_device(std::vector<int>{7, 9});
+      DeviceBuffer scratch(kernels::permute_scratch_bytes(c.num_local));
       // Stale counts in every tile's fourth field: the wgmma GEMM2 starts a tile when GEMM1's count
       // there reaches its target, so the permutation must zero it.
       K3MOE_CUDA_CHECK(cudaMemset(tiles.get<uint8_t>(), 0x7F, size_t(tiles.bytes())));
@@ -331,6 +334,7 @@ TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
       a.tile_info = tiles.get<int4>();
       a.num_tiles = num_tiles.get<int32_t>();
       a.unit_counters = counters.get<int>();
+      a.block_rows = scratch.get<int32_t>();
       DeviceBuffer codes(x.size()), scales(x.size() / 32), dequant(2 * x.size());
       const bool from_codes = int(kernel) % 2 == 0;
       const kernels::Mxfp8Buffers got{codes.get<uint8_t>(), scales.get<uint8_t>(), dequant.get<uint16_t>()};
