@@ -92,8 +92,8 @@ fi
 
 if want bench; then
   start=$(date +%s)
-  "$k3moe" bench --suite decode --commit "$commit" --json "$out/bench-decode.json" > "$out/bench-decode.log" 2>&1 &&
-  "$k3moe" bench --suite prefill --commit "$commit" --json "$out/bench-prefill.json" > "$out/bench-prefill.log" 2>&1
+  "$k3moe" bench --suite decode --stages --commit "$commit" --json "$out/bench-decode.json" > "$out/bench-decode.log" 2>&1 &&
+  "$k3moe" bench --suite prefill --stages --commit "$commit" --json "$out/bench-prefill.json" > "$out/bench-prefill.log" 2>&1
   rc=$?
   record bench "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(( $(date +%s) - start )) s"
   [ $rc = 0 ] || status=1
