@@ -4,7 +4,11 @@
 // Every load of a token is in flight at once, so decode does not wait for top_k dependent round
 // trips. Many tokens: one thread per 4 outputs does the same for all G slots and adds them in the
 // butterfly's order (a pairwise tree over slot order), so both give the same bits with G times
-// fewer threads (at prefill the lane groups were bound by launching threads, not by memory).
+// fewer threads (at prefill the lane groups were bound by launching threads, not by memory). From
+// kCombineTokenWarpsFrom tokens, a warp takes 128 consecutive quads of one token (4 per lane): a
+// token with more than two local slots adds each quad's tree as one thread per outputs does; one
+// with at most two (expert parallelism: most slots are remote) loads their terms for its four quads
+// together and applies what the tree's additions of +0 do to them (tree_of_two).
 #include "kernels/combine.cuh"
 
 #include "k3moe/formats.h"
@@ -30,8 +34,9 @@ __device__ __forceinline__ int32_t slot_row_of(const CombineArgs& a, int token, 
   return k < a.top_k ? a.slot_row[int64_t(token) * a.top_k + k] : -1;
 }
 
-// Slot k's contribution to outputs h .. h + 3 of a token: w * (sum of its splits), or zeros.
-__device__ __forceinline__ float4 slot_term(const CombineArgs& a, int token, int k, int32_t row, int h) {
+// A slot's contribution to outputs h .. h + 3 of its token: w * (sum of the splits of its row), or
+// zeros (row -1).
+__device__ __forceinline__ float4 slot_term(const CombineArgs& a, int32_t row, float w, int h) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   if (row >= 0 && h < a.hidden) {
     const float* y = a.y + int64_t(row) * a.hidden + h;
@@ -45,11 +50,15 @@ __device__ __forceinline__ float4 slot_term(const CombineArgs& a, int token, int
         v.z += part.z;
         v.w += part.w;
       }
-    const float w = a.weights[int64_t(token) * a.top_k + k];
     // NOTE: rounded products (no contraction into the adds that follow), in both mappings.
     v = make_float4(__fmul_rn(w, v.x), __fmul_rn(w, v.y), __fmul_rn(w, v.z), __fmul_rn(w, v.w));
   }
   return v;
+}
+
+// Slot k of `token`: its weight read only where its row is local.
+__device__ __forceinline__ float4 slot_term(const CombineArgs& a, int token, int k, int32_t row, int h) {
+  return slot_term(a, row, row >= 0 && h < a.hidden ? a.weights[int64_t(token) * a.top_k + k] : 0.0f, h);
 }
 
 __device__ __forceinline__ void store_outputs(const CombineArgs& a, int token, int h, float4 v) {
@@ -107,8 +116,75 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm) combine_ou
   if (threadIdx.x == 0) mark_end(a.times);
 }
 
+__device__ __forceinline__ float4 plus_zero(float4 v) {
+  return make_float4(__fadd_rn(v.x, 0.0f), __fadd_rn(v.y, 0.0f), __fadd_rn(v.z, 0.0f), __fadd_rn(v.w, 0.0f));
+}
+
+// The tree's sum when only leaves i and j (j < 0: leaf i alone) are local, the others +0: what
+// the tree's additions do to them, in the same order. A leaf meets its first +0 at the level below
+// the pair's common subtree (x + 0 is x, but -0 becomes +0), the pair is added there, and the sum
+// meets +0 again unless that subtree is the whole tree.
+__device__ __forceinline__ float4 tree_of_two(float4 a, float4 b, int i, int j, int group) {
+  if (j < 0) return group > 1 ? plus_zero(a) : a;
+  const int level = 31 - __clz(i ^ j);  // the children of the common subtree hold 2^level leaves
+  if (level > 0) {
+    a = plus_zero(a);
+    b = plus_zero(b);
+  }
+  const float4 s = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+  return (2 << level) < group ? plus_zero(s) : s;
+}
+
+template <int kGroup>
+__global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm) combine_token_warps_kernel(CombineArgs a) {
+  const int quads = a.hidden / 4, lane = threadIdx.x % 32;
+  const int warps_per_token = (quads + 127) / 128;
+  const int64_t warp = (int64_t(blockIdx.x) * kOutputThreads + threadIdx.x) / 32;
+  mark_start(a.times);
+  if (warp >= int64_t(a.tokens) * warps_per_token) return;  // whole warps
+  const int token = int(warp / warps_per_token);
+  const int quad0 = int(warp % warps_per_token) * 128 + lane;
+  const int32_t row = slot_row_of(a, token, lane);
+  ptx::prefetch_l1(a.slot_row + int64_t(token) * a.top_k);  // every slot local: re-read from L1 below
+  ptx::griddepcontrol_wait();
+  ptx::griddepcontrol_launch_dependents();
+  if (threadIdx.x == 0) mark_wait(a.times);
+  const uint32_t present = __ballot_sync(0xFFFFFFFFu, row >= 0);
+  if (__popc(present) > 2) {  // the whole tree, quad by quad (its leaf loads hoisted)
+#pragma unroll 1
+    for (int q = 0; q < 4; ++q)
+      if ((quad0 + 32 * q) * 4 < a.hidden)
+        store_outputs(a, token, (quad0 + 32 * q) * 4, subtree<0, kGroup>(a, token, (quad0 + 32 * q) * 4));
+  } else {  // at most two local slots: their terms for the four quads, loaded together
+    const int i = present ? __ffs(present) - 1 : 0;
+    const int j = __popc(present) == 2 ? 31 - __clz(present) : -1;
+    const float w = row >= 0 ? a.weights[int64_t(token) * a.top_k + lane] : 0.0f;
+    const int32_t row_i = __shfl_sync(0xFFFFFFFFu, row, i), row_j = __shfl_sync(0xFFFFFFFFu, row, j < 0 ? i : j);
+    const float w_i = __shfl_sync(0xFFFFFFFFu, w, i), w_j = __shfl_sync(0xFFFFFFFFu, w, j < 0 ? i : j);
+    float4 term_i[4], term_j[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      term_i[q] = slot_term(a, row_i, w_i, (quad0 + 32 * q) * 4);
+      term_j[q] = slot_term(a, j < 0 ? -1 : row_j, w_j, (quad0 + 32 * q) * 4);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if ((quad0 + 32 * q) * 4 < a.hidden)
+        store_outputs(a, token, (quad0 + 32 * q) * 4, tree_of_two(term_i[q], term_j[q], i, j, kGroup));
+  }
+  if (threadIdx.x == 0) mark_end(a.times);
+}
+
 template <int kGroup>
 void launch_outputs(const CombineArgs& a, cudaStream_t stream) {
+  const bool token_warps = a.mapping == CombineMapping::TokenWarps ||
+                           (a.mapping == CombineMapping::Auto && a.mostly_remote && a.tokens >= kCombineTokenWarpsFrom);
+  if (token_warps) {
+    const int64_t threads = int64_t(a.tokens) * ((a.hidden / 4 + 127) / 128) * 32;
+    return launch_dependent(combine_token_warps_kernel<kGroup>,
+                            dim3(unsigned((threads + kOutputThreads - 1) / kOutputThreads)), kOutputThreads, 0, stream,
+                            a);
+  }
   const int64_t threads = int64_t(a.tokens) * (a.hidden / 4);
   launch_dependent(combine_outputs_kernel<kGroup>, dim3(unsigned((threads + kOutputThreads - 1) / kOutputThreads)),
                    kOutputThreads, 0, stream, a);
@@ -122,7 +198,7 @@ void launch_combine(const CombineArgs& args, cudaStream_t stream) {
               kMaxCombineSplits, ", got ", args.splits);
   int group = 1;
   while (group < args.top_k) group *= 2;
-  const bool by_output = args.mapping == CombineMapping::ThreadPerOutputs ||
+  const bool by_output = args.mapping == CombineMapping::ThreadPerOutputs || args.mapping == CombineMapping::TokenWarps ||
                          (args.mapping == CombineMapping::Auto && args.tokens >= kCombineThreadPerOutputsFrom);
   if (by_output) {
     switch (group) {

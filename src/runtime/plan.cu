@@ -271,7 +271,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
 
   kernels::launch_combine({ws.y, rows * c.hidden, choice.gemm2_splits, ws.slot_row, weights,
                            data_ptr<uint16_t>(args.out), int(T), int(K), int(H), kernels::CombineMapping::Auto,
-                           times(ForwardStage::Combine)},
+                           8 * p.num_local <= c.num_experts, times(ForwardStage::Combine)},
                           stream);
 }
 

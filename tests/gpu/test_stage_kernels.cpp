@@ -208,6 +208,8 @@ TEST(ActivationStage, OneCtaFitsBesideThreeEightTokenGemm1Ctas) {
       << "GEMM1 " << gemm_dynamic + gemm.sharedSizeBytes << " bytes, activation " << act.sharedSizeBytes;
 }
 
+// The three mappings give the same bits (tokens with some, all or none of their slots local), and
+// the host's tree.
 TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
   K3MOE_REQUIRE_GPU();
   const int T = 70, K = 16, H = 256, splits = 2, rows = T * K;
@@ -218,12 +220,24 @@ TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
   for (auto& v : w) v = normal(rng);
   std::vector<int32_t> slot_row(size_t(T) * K);
   for (int i = 0; i < T * K; ++i) slot_row[i] = (i % 5 == 3) ? -1 : int32_t((i * 7919) % rows);  // remote slots
+  for (int i = 16 * K; i < 20 * K; ++i) slot_row[i] = int32_t((i * 7919) % rows);  // tokens 16-19: every slot local
+  for (int i = 20 * K; i < 25 * K; ++i) slot_row[i] = -1;  // tokens 20-24: one or two local slots
+  slot_row[20 * K + 5] = 100;
+  slot_row[21 * K + 2] = 101, slot_row[21 * K + 3] = 102;  // siblings
+  slot_row[22 * K + 1] = 103, slot_row[22 * K + 9] = 104;  // halves of the tree
+  slot_row[23 * K + 4] = 105, slot_row[23 * K + 6] = 106;
+  slot_row[24 * K + 3] = 107;  // a -0 term: w = -1, a zero row
+  w[24 * K + 3] = -1.0f;
+  for (int s = 0; s < splits; ++s)
+    for (int h = 0; h < H; ++h) y[(size_t(s) * rows + 107) * H + h] = 0.0f;
+  for (int i = 30 * K; i < 31 * K; ++i) slot_row[i] = -1;  // token 30: none
   y[5] = NAN;  // one poisoned row element
   DeviceTensor dy = DeviceTensor::from_host(y, {int64_t(y.size())}, kF32, 0);
   DeviceTensor dw = DeviceTensor::from_host(w, {T, K}, kF32, 0);
   DeviceTensor ds = DeviceTensor::from_host(slot_row, {T, K}, kI32, 0);
   std::vector<std::vector<uint16_t>> outs;
-  for (auto mapping : {kernels::CombineMapping::LaneGroups, kernels::CombineMapping::ThreadPerOutputs}) {
+  for (auto mapping : {kernels::CombineMapping::LaneGroups, kernels::CombineMapping::ThreadPerOutputs,
+                       kernels::CombineMapping::TokenWarps}) {
     DeviceTensor out({T, H}, kBf16, 0);
     kernels::CombineArgs a;
     a.y = static_cast<const float*>(dy.data());
@@ -241,8 +255,9 @@ TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
     outs.push_back(out.download<uint16_t>());
   }
   EXPECT_EQ(outs[0], outs[1]);
+  EXPECT_EQ(outs[0], outs[2]);
   // And a token by hand: the slots' split sums, weighted, added as a pairwise tree in slot order.
-  for (int token : {0, 41}) {
+  for (int token : {0, 17, 20, 21, 22, 23, 24, 30, 41}) {
     for (int h : {0, 5, 255}) {
       float t[K];
       for (int k = 0; k < K; ++k) {
