@@ -41,7 +41,7 @@ __device__ __forceinline__ bool start_permutation_block(const PermuteArgs& a, in
   return false;
 }
 
-// Block 0's end: each warp's last write.
+// A permutation block's end: each warp's last write.
 __device__ __forceinline__ void end_permutation_warp(const PermuteArgs& a) {
   if (threadIdx.x % 32 == 0) mark_end(a.times);
 }
