@@ -86,7 +86,10 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   }
   k.weights_once = rows <= kernels::tile_tokens(k.token_tile);
   if (kernels::tile_uses_wgmma(k.token_tile)) {  // K whole
-    k.gemm_warps = mode == Mode::Mxfp8 ? 16 : 8;
+    // NOTE: GEMM2 has no MXFP8 rounding in either mode; with 4 warpgroups it ran mxfp8 local28
+    // T = 128 3 % slower, T = 4096 and ep16 T = 8192 within the spread (bench/NOTES.md, Session 20).
+    k.gemm1_warps = mode == Mode::Mxfp8 ? 16 : 8;
+    k.gemm2_warps = 8;
     // NOTE: an expert's last tile holds its rows modulo the tile; narrower wgmmas for it pay while
     // it is a sizeable part of the expert's tiles, and cost ~0.5-2 % from ~20 tiles (code of the
     // other widths in the kernel; measured local28 a16: T = 512, 3 tiles, -8.5 %; ep16 T = 8192, 2,
@@ -94,7 +97,7 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
     k.unit_widths = std::ceil(rows / kernels::tile_tokens(k.token_tile)) <= 6.0;
     return k;
   }
-  if (k.token_tile == kernels::TokenTile::T32 && rows >= 64.0) k.gemm_warps = 8;
+  if (k.token_tile == kernels::TokenTile::T32 && rows >= 64.0) k.gemm1_warps = k.gemm2_warps = 8;
   const double tile_rows = kernels::tile_tokens(k.token_tile);
   const double tiles = k.expected_active_experts * std::max(1.0, std::ceil(rows / tile_rows));
   const double target = double(sm_count) * kernels::gemm_ctas_per_sm(k.token_tile);
@@ -138,10 +141,10 @@ std::string KernelChoice::describe() const {
   if (kernels::tile_uses_wgmma(token_tile)) {
     const int n = kernels::tile_tokens(token_tile);
     std::snprintf(buf, sizeof buf,
-                  "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + %d consumer warpgroups) over units "
-                  "of 256 weight rows x %d tokens%s, K whole%s; GEMM2 takes units in order, each once GEMM1 has "
-                  "stored its token tile (expected %.1f active experts, %.1f rows each)",
-                  n, gemm_warps / 4, n, unit_widths ? " (wgmma N: the tile's rows rounded up)" : "",
+                  "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + %d consumer warpgroups in GEMM1, "
+                  "%d in GEMM2) over units of 256 weight rows x %d tokens%s, K whole%s; GEMM2 takes units in order, "
+                  "each once GEMM1 has stored its token tile (expected %.1f active experts, %.1f rows each)",
+                  n, gemm1_warps / 4, gemm2_warps / 4, n, unit_widths ? " (wgmma N: the tile's rows rounded up)" : "",
                   weights_once ? ", weights read once (L2 evict_first)" : "",
                   expected_active_experts, expected_rows_per_expert);
     return buf;
@@ -149,7 +152,7 @@ std::string KernelChoice::describe() const {
   std::snprintf(buf, sizeof buf,
                 "expert GEMMs: mma.sync bf16 m16n8k16, persistent CTAs of %d warps over units of 256 weight "
                 "rows x %d tokens; K split %d (GEMM1) and %d (GEMM2)%s (expected %.1f active experts, %.1f rows each)",
-                gemm_warps, kernels::tile_tokens(token_tile), gemm1_splits, gemm2_splits,
+                gemm1_warps, kernels::tile_tokens(token_tile), gemm1_splits, gemm2_splits,
                 activation_beside_gemm1 ? ", GEMM2 released in GEMM1's tail" : "", expected_active_experts,
                 expected_rows_per_expert);
   return buf;

@@ -243,7 +243,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   g1.unit_widths = choice.unit_widths;
   g1.times = times(ForwardStage::Gemm1);
   kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
-  kernels::launch_expert_gemm1(g1, out1, choice.token_tile, choice.gemm_warps, stream);
+  kernels::launch_expert_gemm1(g1, out1, choice.token_tile, choice.gemm1_warps, stream);
   if (choice.gemm1_splits > 1) {
     kernels::ActivationArgs act{ws.h, rows * 2 * c.intermediate, choice.gemm1_splits, ws.expert_offset, p.num_local,
                                 int(rows), p.sm_count, c.intermediate, ws.inter, o.mode, o.activation,
@@ -259,7 +259,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   g2.row_token = nullptr;
   g2.unit_counter = ws.unit_counters + 1;
   if (kernels::tile_uses_wgmma(choice.token_tile))
-    g2.gemm1_stores_per_tile = kernels::wgmma_units_per_tile(g1.N) * (choice.gemm_warps / 4);
+    g2.gemm1_stores_per_tile = kernels::wgmma_units_per_tile(g1.N) * (choice.gemm1_warps / 4);
   g2.N = c.hidden;
   g2.K = c.intermediate;
   g2.splits = choice.gemm2_splits;
@@ -267,7 +267,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::GemmOutput out2;
   out2.rows = ws.y;
   out2.split_stride = rows * c.hidden;
-  kernels::launch_expert_gemm2(g2, out2, choice.token_tile, choice.gemm_warps, stream);
+  kernels::launch_expert_gemm2(g2, out2, choice.token_tile, choice.gemm2_warps, stream);
 
   kernels::launch_combine({ws.y, rows * c.hidden, choice.gemm2_splits, ws.slot_row, weights,
                            data_ptr<uint16_t>(args.out), int(T), int(K), int(H), kernels::CombineMapping::Auto,

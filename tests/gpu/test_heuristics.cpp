@@ -42,7 +42,8 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   c.num_experts = 28;
   const KernelChoice one = choose_kernels(c, ExpertParallel{1, 0}, 1, 132);
   EXPECT_EQ(one.token_tile, kernels::TokenTile::T8);
-  EXPECT_EQ(one.gemm_warps, 4);
+  EXPECT_EQ(one.gemm1_warps, 4);
+  EXPECT_EQ(one.gemm2_warps, 4);
   EXPECT_EQ(one.gemm1_splits, 1);
   EXPECT_GE(one.gemm2_splits * 16 * 14, 2 * 396);
   // GEMM1's K: whole from 2 waves of units (EP16 T = 256: 55 experts, 3.4 waves), two ranges from
@@ -70,8 +71,12 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(big.token_tile, kernels::TokenTile::Wg128);
   EXPECT_EQ(big.gemm1_splits, 1);
   EXPECT_EQ(big.gemm2_splits, 1);
-  EXPECT_EQ(big.gemm_warps, 8);  // 2 consumer warpgroups of 2 m64 tiles for the bf16 epilogue
-  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::Auto, 0, Mode::Mxfp8).gemm_warps, 16);
+  EXPECT_EQ(big.gemm1_warps, 8);  // 2 consumer warpgroups of 2 m64 tiles for the bf16 epilogue
+  EXPECT_EQ(big.gemm2_warps, 8);
+  // MXFP8 rounding in GEMM1's epilogue: 4 warpgroups of 1 m64 tile there; GEMM2 as in a16.
+  const KernelChoice big8 = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::Auto, 0, Mode::Mxfp8);
+  EXPECT_EQ(big8.gemm1_warps, 16);
+  EXPECT_EQ(big8.gemm2_warps, 8);
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 128, 132).token_tile, kernels::TokenTile::Wg96);  // 73 rows
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, 132).token_tile, kernels::TokenTile::Wg64);   // 37 rows
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 40, 132).token_tile, kernels::TokenTile::Wg32);   // 23 rows
@@ -93,7 +98,8 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   // Forced: a tile alone picks the kernel that has it; the rest follows.
   const KernelChoice forced = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::Auto, 32);
   EXPECT_EQ(forced.token_tile, kernels::TokenTile::T32);
-  EXPECT_EQ(forced.gemm_warps, 8);
+  EXPECT_EQ(forced.gemm1_warps, 8);
+  EXPECT_EQ(forced.gemm2_warps, 8);
   EXPECT_EQ(forced.gemm1_splits, 1);
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::Wgmma, 32).token_tile,
             kernels::TokenTile::Wg32);
