@@ -37,7 +37,7 @@ struct KernelChoice {
 // local28 T = 128 636 us against 704 with 4). The wgmma kernel runs 2 consumer warpgroups of 2
 // m64 tiles, except GEMM1 in `Mxfp8` mode: 4 of 1, for its epilogue (group amax, E4M3 rounding)
 // needs the registers and hides its latency (measured local28 T = 4096 mxfp8 11.78 -> 9.90 ms; in
-// Session 20, 2 of 2 against 4 of 1: 9.04 against 7.45 ms; a16 equal at 4096 and up to 6 % slower
+// Session 20, 2 of 2 against 4 of 1: 9.0 against 7.5 ms; a16 equal at 4096 and up to 6 % slower
 // at T = 32..128 with 4); while an expert has at most 6 tiles, each unit's wgmmas are only as wide
 // as its tile's rows (the last tile's remainder). The split cost model: heuristics.cpp.
 // `forced_kernel` and `forced_tile` (PlanOptions) fix either; the rest is chosen for them.
