@@ -7,11 +7,12 @@
 // already stores in fragment order (expert_layout.cuh) and folds the E8M0 scale in with one bf16
 // multiply. The N token rows are the B side, read by the tensor cores from shared memory.
 //
-// A CTA (one per SM, persistent) is a producer warpgroup and two or four consumer warpgroups. A unit is
-// one token tile x one row group (256 weight rows, the layout's contiguous run per chunk of 128
-// k); CTA b takes units b, b + grid, ... in order, the row groups of a token tile consecutive, so
-// the CTAs working at one time share a few token tiles and experts in L2. Per chunk, through a
-// ring of full/empty mbarriers (4 to 8 stages, as many as shared memory holds for N):
+// A CTA (one per SM, persistent) is a producer warpgroup and two consumer warpgroups (or four, in
+// GEMM1). A unit is one token tile x one row group (256 weight rows, the layout's contiguous run
+// per chunk of 128 k); CTA b takes units b, b + grid, ... in order, the row groups of a token tile
+// consecutive, so the CTAs working at one time share a few token tiles and experts in L2. Per
+// chunk, through a ring of full/empty mbarriers (4 to 8 stages, as many as shared memory holds for
+// N):
 //   producer: thread 0 copies the chunk's weight codes and scales with two bulk copies; the 128
 //             threads gather the token rows' 256 bytes (GEMM1: by token id) with cp.async into
 //             the 128-byte-swizzled K-major layout wgmma reads, and arrive when they land;
@@ -259,73 +260,102 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int wa
   }
 }
 
-template <class T, Epilogue kEpi>
-__device__ __forceinline__ void store_wg_unit(const ExpertGemmArgs& a, const GemmOutput& out, const WgUnit& unit,
-                                              int width, int cwg, int warp, int lane, WgAccumulators<T>& acc,
-                                              uint32_t (*s_amax)[32]) {
-  const int g = lane / 4, col0 = 2 * (lane % 4);
+// The 16 accumulators of epilogue turn t (m64 tile t / kTurns, its n8 tiles 4 (t % kTurns) ..
+// + 3), copied out by a chain of constant-index selections, so that one rolled loop serves every
+// turn (kTurns = kTokens / 32 per tile).
+template <class T, int kT = 0>
+__device__ __forceinline__ void turn_accumulators(const WgAccumulators<T>& acc, int t, float (&x)[16]) {
+  constexpr int kTurns = T::kTokens / 32;
+  if constexpr (kT < T::kMTiles * kTurns) {
+    if (t == kT) {
 #pragma unroll
-  for (int i = 0; i < T::kMTiles; ++i) {
-    const int row_block = unit.group * layout::kGroupRowBlocks + cwg * 4 * T::kMTiles + i * 4 + warp;
-    if constexpr (kEpi == Epilogue::Activation) {
-      // NOTE: by 4 n8 tiles (32 tokens) at a time, with the outputs out of the accumulators
-      // (writing them in place would serialize the wgmmas), to stay in the registers.
-      constexpr int kQ = 4;
-      const int out_cols = a.N / 2, j = row_block * 8 + g;
-#pragma unroll
-      for (int q0 = 0; q0 < T::kTokens / 8; q0 += kQ) {
-        if (q0 * 8 >= width) break;
-        float v[kQ][2];
-#pragma unroll
-        for (int q = 0; q < kQ; ++q)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            v[q][h] = fast_activation(out.activation, out.params, acc[i][4 * (q0 + q) + h],
-                                      acc[i][4 * (q0 + q) + 2 + h]);
-        if (out.mode == Mode::Mxfp8) {
-          // One MX group = 32 outputs of a token = this m64 tile's 8 outputs x 4 warps.
-          ptx::named_barrier_sync(1 + cwg, 128);  // the last readers of s_amax are done
-#pragma unroll
-          for (int q = 0; q < kQ; ++q)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              uint32_t bits = float_bits(v[q][h]) & 0x7FFFFFFFu;  // orders like |v|, NaN above Inf
-#pragma unroll
-              for (int offset = 4; offset < 32; offset *= 2)
-                bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
-              if (g == 0) s_amax[warp][q * 8 + col0 + h] = bits;
-            }
-          ptx::named_barrier_sync(1 + cwg, 128);
-#pragma unroll
-          for (int q = 0; q < kQ; ++q)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int r = q * 8 + col0 + h;
-              const uint32_t bits = max(max(s_amax[0][r], s_amax[1][r]), max(s_amax[2][r], s_amax[3][r]));
-              v[q][h] = round_to_mxfp8(v[q][h], mx_scale_round_up(bits_float(bits), kE4M3Max));
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < kQ; ++q)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int r = (q0 + q) * 8 + col0 + h;
-            if (r < unit.tile.z && j < out_cols)
-              out.inter[int64_t(unit.tile.y + r) * out_cols + j] = float_to_bf16_bits(v[q][h]);
-          }
-      }
+      for (int c = 0; c < 16; ++c) x[c] = acc[kT / kTurns][kT % kTurns * 16 + c];
     } else {
-      static_assert(kEpi == Epilogue::Rows, "K is never split on this path");
-#pragma unroll
-      for (int q = 0; q < T::kTokens / 8; ++q) {
-        if (q * 8 >= width) break;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int r = q * 8 + col0 + c % 2, n = row_block * 16 + g + 8 * (c / 2);
-          if (r < unit.tile.z && n < a.N) out.rows[int64_t(unit.tile.y + r) * a.N + n] = acc[i][4 * q + c];
-        }
-      }
+      turn_accumulators<T, kT + 1>(acc, t, x);
     }
+  }
+}
+
+// GEMM1's epilogue: act(h_gate, h_up) of 32 tokens x this warp's 8 outputs per turn, stored as bf16
+// (A16) or rounded to MXFP8 first (one MX group = 32 outputs of a token = an m64 tile's 8 outputs x
+// 4 warps: each warp's max |value| per token goes to s_amax, [2][warp][32 tokens], two buffers by
+// turn parity: a warp writes a buffer again only after the next turn's barrier, which every warp
+// passes after reading it). NOTE: a rolled loop: unrolled over turns and m64 tiles, the epilogues'
+// code missed the instruction cache at every unit (ncu, local28 T = 1024, 2 x 2 warpgroups: mxfp8
+// 1.98 ms against a16's 1.17, "no instruction" stalls 1.62 against 0.47 per issue); rolled, a16
+// local28 T = 128 and 512 and ep16 T = 8192 ran 4-6 % faster, T = 4096 1 % slower (bench/NOTES.md,
+// Session 21).
+template <class T>
+__device__ __forceinline__ void store_activation(const ExpertGemmArgs& a, const GemmOutput& out, const WgUnit& unit,
+                                                 int width, int cwg, int warp, int lane, WgAccumulators<T>& acc,
+                                                 uint32_t* s_amax) {
+  constexpr int kTurns = T::kTokens / 32;
+  const int g = lane / 4, col0 = 2 * (lane % 4), out_cols = a.N / 2;
+  const bool mx = out.mode == Mode::Mxfp8;
+  uint32_t* amax_col = s_amax + col0;
+#pragma unroll 1
+  for (int t = 0; t < T::kMTiles * kTurns; ++t) {
+    const int q0 = t % kTurns * 4;
+    if (q0 * 8 >= width) continue;
+    float x[16];
+    turn_accumulators<T>(acc, t, x);
+    float v[4][2];
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) v[q][h] = fast_activation(out.activation, out.params, x[4 * q + h], x[4 * q + 2 + h]);
+    if (mx) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t bits = float_bits(v[q][h]) & 0x7FFFFFFFu;  // orders like |v|, NaN above Inf
+#pragma unroll
+          for (int offset = 4; offset < 32; offset *= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+          if (g == 0) amax_col[(t % 2 * 4 + warp) * 32 + q * 8 + h] = bits;
+        }
+      ptx::named_barrier_sync(1 + cwg, 128);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t* m = amax_col + t % 2 * 128 + q * 8 + h;
+          const uint32_t bits = max(max(m[0], m[32]), max(m[64], m[96]));
+          v[q][h] = round_to_mxfp8(v[q][h], mx_scale_round_up(bits_float(bits), kE4M3Max));
+        }
+    }
+    const int j = (unit.group * layout::kGroupRowBlocks + cwg * 4 * T::kMTiles + t / kTurns * 4 + warp) * 8 + g;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = (q0 + q) * 8 + col0 + h;
+        if (r < unit.tile.z && j < out_cols)
+          out.inter[int64_t(unit.tile.y + r) * out_cols + j] = float_to_bf16_bits(v[q][h]);
+      }
+  }
+}
+
+// GEMM2's epilogue: the fp32 rows, by the same turns.
+template <class T>
+__device__ __forceinline__ void store_rows(const ExpertGemmArgs& a, const GemmOutput& out, const WgUnit& unit,
+                                           int width, int cwg, int warp, int lane, WgAccumulators<T>& acc) {
+  constexpr int kTurns = T::kTokens / 32;
+  const int g = lane / 4, col0 = 2 * (lane % 4);
+#pragma unroll 1
+  for (int t = 0; t < T::kMTiles * kTurns; ++t) {
+    const int q0 = t % kTurns * 4;
+    if (q0 * 8 >= width) continue;
+    float x[16];
+    turn_accumulators<T>(acc, t, x);
+    const int row_block = unit.group * layout::kGroupRowBlocks + cwg * 4 * T::kMTiles + t / kTurns * 4 + warp;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = (q0 + q) * 8 + col0 + c % 2, n = row_block * 16 + g + 8 * (c / 2);
+        if (r < unit.tile.z && n < a.N) out.rows[int64_t(unit.tile.y + r) * a.N + n] = x[4 * q + c];
+      }
   }
 }
 
@@ -334,7 +364,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   __shared__ __align__(8) uint64_t s_full[T::kStages], s_empty[T::kStages];
-  __shared__ uint32_t s_amax[T::kConsumers][4][32];
+  __shared__ uint32_t s_amax[T::kConsumers][2 * 4 * 32];
   __shared__ __align__(16) uint32_t s_rows[T::kTokens];
   __shared__ int4 s_units[T::kStages];
   __shared__ int s_next;
@@ -349,6 +379,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   __syncthreads();
   // NOTE: GEMM2 reads GEMM1's rows after their tile's count (acquire), and the schedule, written
   // before GEMM1's CTAs released this grid, without waiting for GEMM1's end.
+  static_assert(kEpi != Epilogue::GateUpRows, "K is never split on this path");
   constexpr bool kTakeUnits = kEpi == Epilogue::Rows;
   if (!kTakeUnits || a.gemm1_stores_per_tile == 0) {
     ptx::griddepcontrol_wait();
@@ -393,7 +424,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
     ptx::wgmma_wait<0>();
     if (lane == 0) ptx::mbarrier_arrive(&s_empty[release]);
     release = -1;
-    store_wg_unit<T, kEpi>(a, out, unit, width, cwg, warp, lane, acc, s_amax[cwg]);
+    if constexpr (kEpi == Epilogue::Activation)
+      store_activation<T>(a, out, unit, width, cwg, warp, lane, acc, s_amax[cwg]);
+    else
+      store_rows<T>(a, out, unit, width, cwg, warp, lane, acc);
     if (lane == 0) mark_end(a.times);  // per unit: after the loop, the mark made ptxas spill
     if constexpr (kEpi == Epilogue::Activation) {  // this warpgroup's rows of the unit stored, for GEMM2
       ptx::named_barrier_sync(1 + cwg, 128);
@@ -404,36 +438,31 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   }
 }
 
-template <int kTokens, int kConsumers>
-void configure_tile() {
-  using T = WgTile<kTokens, kConsumers>;
-  for (auto kernel : {expert_gemm_wgmma_kernel<T, Epilogue::Activation, false>,
-                      expert_gemm_wgmma_kernel<T, Epilogue::Rows, false>,
-                      expert_gemm_wgmma_kernel<T, Epilogue::Activation, true>,
-                      expert_gemm_wgmma_kernel<T, Epilogue::Rows, true>})
+template <class T, Epilogue kEpi>
+void configure_kernels() {
+  for (auto kernel : {expert_gemm_wgmma_kernel<T, kEpi, false>, expert_gemm_wgmma_kernel<T, kEpi, true>})
     K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
 }
 
+// GEMM1 on 2 or 4 consumer warpgroups, GEMM2 on 2 (see launch_expert_gemm_wgmma).
 template <int kTokens>
 void configure_tiles() {
-  configure_tile<kTokens, 2>();
-  configure_tile<kTokens, 4>();
+  configure_kernels<WgTile<kTokens, 2>, Epilogue::Activation>();
+  configure_kernels<WgTile<kTokens, 4>, Epilogue::Activation>();
+  configure_kernels<WgTile<kTokens, 2>, Epilogue::Rows>();
 }
 
-template <int kTokens, int kConsumers>
-void launch_tile(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, cudaStream_t stream) {
-  using T = WgTile<kTokens, kConsumers>;
-  auto kernel = args.unit_widths ? (gemm1 ? expert_gemm_wgmma_kernel<T, Epilogue::Activation, true>
-                                          : expert_gemm_wgmma_kernel<T, Epilogue::Rows, true>)
-                                 : (gemm1 ? expert_gemm_wgmma_kernel<T, Epilogue::Activation, false>
-                                          : expert_gemm_wgmma_kernel<T, Epilogue::Rows, false>);
+template <class T, Epilogue kEpi>
+void launch_kernel(const ExpertGemmArgs& args, const GemmOutput& out, cudaStream_t stream) {
+  auto kernel = args.unit_widths ? expert_gemm_wgmma_kernel<T, kEpi, true> : expert_gemm_wgmma_kernel<T, kEpi, false>;
   launch_dependent(kernel, args.sm_count, T::kThreads, T::kSmemBytes, stream, args, out);
 }
 
 template <int kTokens>
 void launch_tiles(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, int consumers, cudaStream_t stream) {
-  if (consumers == 4) return launch_tile<kTokens, 4>(args, out, gemm1, stream);
-  return launch_tile<kTokens, 2>(args, out, gemm1, stream);
+  if (!gemm1) return launch_kernel<WgTile<kTokens, 2>, Epilogue::Rows>(args, out, stream);
+  if (consumers == 4) return launch_kernel<WgTile<kTokens, 4>, Epilogue::Activation>(args, out, stream);
+  return launch_kernel<WgTile<kTokens, 2>, Epilogue::Activation>(args, out, stream);
 }
 
 }  // namespace
@@ -450,6 +479,7 @@ void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out,
   K3MOE_CHECK(args.splits == 1, "the wgmma expert GEMMs keep K whole, got ", args.splits, " splits");
   K3MOE_CHECK(consumer_warps == 8 || consumer_warps == 16,
               "the wgmma expert GEMMs run 8 or 16 consumer warps (2 or 4 warpgroups), got ", consumer_warps);
+  K3MOE_CHECK(gemm1 || consumer_warps == 8, "the wgmma GEMM2 runs 8 consumer warps, got ", consumer_warps);
   const int consumers = consumer_warps / 4;
   switch (tokens) {
     case 32: return launch_tiles<32>(args, out, gemm1, consumers, stream);
