@@ -36,9 +36,10 @@ struct KernelChoice {
 // SMs once, else mma.sync's 24- or 32-token tiles with K split (8 warps from 64 rows: measured
 // local28 T = 128 636 us against 704 with 4). The wgmma kernel runs 2 consumer warpgroups of 2
 // m64 tiles, except GEMM1 in `Mxfp8` mode: 4 of 1, for its epilogue (group amax, E4M3 rounding)
-// needs the registers and hides its latency (measured local28 T = 4096 mxfp8 11.78 -> 9.90 ms; in
-// Session 20, 2 of 2 against 4 of 1: 9.0 against 7.5 ms; a16 equal at 4096 and up to 6 % slower
-// at T = 32..128 with 4); while an expert has at most 6 tiles, each unit's wgmmas are only as wide
+// needs the registers and hides its latency (measured local28 T = 4096 mxfp8 11.78 -> 9.90 ms; 2 of
+// 2 against 4 of 1: 9.0 against 7.5 ms in Session 20, 7.8 against 7.4 with Session 21's rolled
+// epilogue, which only ep16 T = 8192 ran faster on 2 of 2, by 2 %; a16 equal at 4096 and up to 6 %
+// slower at T = 32..128 with 4); while an expert has at most 6 tiles, each unit's wgmmas are only as wide
 // as its tile's rows (the last tile's remainder). The split cost model: heuristics.cpp.
 // `forced_kernel` and `forced_tile` (PlanOptions) fix either; the rest is chosen for them.
 KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count,
