@@ -276,6 +276,21 @@ __device__ __forceinline__ void turn_accumulators(const WgAccumulators<T>& acc, 
   }
 }
 
+// f(t, q0, x) for each turn t of a unit `width` tokens wide, as one rolled loop: q0 is the turn's
+// first n8 tile, x its 16 accumulators.
+template <class T, class F>
+__device__ __forceinline__ void for_each_turn(const WgAccumulators<T>& acc, int width, F&& f) {
+  constexpr int kTurns = T::kTokens / 32;
+#pragma unroll 1
+  for (int t = 0; t < T::kMTiles * kTurns; ++t) {
+    const int q0 = t % kTurns * 4;
+    if (q0 * 8 >= width) continue;
+    float x[16];
+    turn_accumulators<T>(acc, t, x);
+    f(t, q0, x);
+  }
+}
+
 // GEMM1's epilogue: act(h_gate, h_up) of 32 tokens x this warp's 8 outputs per turn, stored as bf16
 // (A16) or rounded to MXFP8 first (one MX group = 32 outputs of a token = an m64 tile's 8 outputs x
 // 4 warps: each warp's max |value| per token goes to s_amax, [2][warp][32 tokens], two buffers by
@@ -293,12 +308,7 @@ __device__ __forceinline__ void store_activation(const ExpertGemmArgs& a, const 
   const int g = lane / 4, col0 = 2 * (lane % 4), out_cols = a.N / 2;
   const bool mx = out.mode == Mode::Mxfp8;
   uint32_t* amax_col = s_amax + col0;
-#pragma unroll 1
-  for (int t = 0; t < T::kMTiles * kTurns; ++t) {
-    const int q0 = t % kTurns * 4;
-    if (q0 * 8 >= width) continue;
-    float x[16];
-    turn_accumulators<T>(acc, t, x);
+  for_each_turn<T>(acc, width, [&](int t, int q0, const float (&x)[16]) {
     float v[4][2];
 #pragma unroll
     for (int q = 0; q < 4; ++q)
@@ -333,7 +343,7 @@ __device__ __forceinline__ void store_activation(const ExpertGemmArgs& a, const 
         if (r < unit.tile.z && j < out_cols)
           out.inter[int64_t(unit.tile.y + r) * out_cols + j] = float_to_bf16_bits(v[q][h]);
       }
-  }
+  });
 }
 
 // GEMM2's epilogue: the fp32 rows, by the same turns.
@@ -342,12 +352,7 @@ __device__ __forceinline__ void store_rows(const ExpertGemmArgs& a, const GemmOu
                                            int width, int cwg, int warp, int lane, WgAccumulators<T>& acc) {
   constexpr int kTurns = T::kTokens / 32;
   const int g = lane / 4, col0 = 2 * (lane % 4);
-#pragma unroll 1
-  for (int t = 0; t < T::kMTiles * kTurns; ++t) {
-    const int q0 = t % kTurns * 4;
-    if (q0 * 8 >= width) continue;
-    float x[16];
-    turn_accumulators<T>(acc, t, x);
+  for_each_turn<T>(acc, width, [&](int t, int q0, const float (&x)[16]) {
     const int row_block = unit.group * layout::kGroupRowBlocks + cwg * 4 * T::kMTiles + t / kTurns * 4 + warp;
 #pragma unroll
     for (int q = 0; q < 4; ++q)
@@ -356,7 +361,7 @@ __device__ __forceinline__ void store_rows(const ExpertGemmArgs& a, const GemmOu
         const int r = (q0 + q) * 8 + col0 + c % 2, n = row_block * 16 + g + 8 * (c / 2);
         if (r < unit.tile.z && n < a.N) out.rows[int64_t(unit.tile.y + r) * a.N + n] = x[4 * q + c];
       }
-  }
+  });
 }
 
 template <class T, Epilogue kEpi, bool kWidths>
