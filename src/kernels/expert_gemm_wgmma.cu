@@ -294,12 +294,12 @@ __device__ __forceinline__ void for_each_turn(const WgAccumulators<T>& acc, int 
 // GEMM1's epilogue: act(h_gate, h_up) of 32 tokens x this warp's 8 outputs per turn, stored as bf16
 // (A16) or rounded to MXFP8 first (one MX group = 32 outputs of a token = an m64 tile's 8 outputs x
 // 4 warps: each warp's max |value| per token goes to s_amax, [2][warp][32 tokens], two buffers by
-// turn parity: a warp writes a buffer again only after the next turn's barrier, which every warp
-// passes after reading it). NOTE: a rolled loop: unrolled over turns and m64 tiles, the epilogues'
-// code missed the instruction cache at every unit (ncu, local28 T = 1024, 2 x 2 warpgroups: mxfp8
-// 1.98 ms against a16's 1.17, "no instruction" stalls 1.62 against 0.47 per issue); rolled, a16
-// local28 T = 128 and 512 and ep16 T = 8192 ran 4-6 % faster, T = 4096 1 % slower (bench/NOTES.md,
-// Session 21).
+// the parity of the turns taken (a unit narrower than the tile skips turns): a warp writes a buffer
+// again only after the next taken turn's barrier, which every warp passes after reading it). NOTE:
+// a rolled loop: unrolled over turns and m64 tiles, the epilogues' code missed the instruction
+// cache at every unit (ncu, local28 T = 1024, 2 x 2 warpgroups: mxfp8 1.98 ms against a16's 1.17,
+// "no instruction" stalls 1.62 against 0.47 per issue); rolled, a16 local28 T = 128 and 512 and
+// ep16 T = 8192 ran 4-6 % faster, T = 4096 1 % slower (bench/NOTES.md, Session 21).
 template <class T>
 __device__ __forceinline__ void store_activation(const ExpertGemmArgs& a, const GemmOutput& out, const WgUnit& unit,
                                                  int width, int cwg, int warp, int lane, WgAccumulators<T>& acc,
@@ -315,6 +315,7 @@ __device__ __forceinline__ void store_activation(const ExpertGemmArgs& a, const 
 #pragma unroll
       for (int h = 0; h < 2; ++h) v[q][h] = fast_activation(out.activation, out.params, x[4 * q + h], x[4 * q + 2 + h]);
     if (mx) {
+      uint32_t* amax = amax_col + (t / kTurns * ((width + 31) / 32) + t % kTurns) % 2 * 128;
 #pragma unroll
       for (int q = 0; q < 4; ++q)
 #pragma unroll
@@ -322,14 +323,14 @@ __device__ __forceinline__ void store_activation(const ExpertGemmArgs& a, const 
           uint32_t bits = float_bits(v[q][h]) & 0x7FFFFFFFu;  // orders like |v|, NaN above Inf
 #pragma unroll
           for (int offset = 4; offset < 32; offset *= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
-          if (g == 0) amax_col[(t % 2 * 4 + warp) * 32 + q * 8 + h] = bits;
+          if (g == 0) amax[warp * 32 + q * 8 + h] = bits;
         }
       ptx::named_barrier_sync(1 + cwg, 128);
 #pragma unroll
       for (int q = 0; q < 4; ++q)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t* m = amax_col + t % 2 * 128 + q * 8 + h;
+          const uint32_t* m = amax + q * 8 + h;
           const uint32_t bits = max(max(m[0], m[32]), max(m[64], m[96]));
           v[q][h] = round_to_mxfp8(v[q][h], mx_scale_round_up(bits_float(bits), kE4M3Max));
         }
