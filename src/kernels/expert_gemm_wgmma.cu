@@ -444,10 +444,17 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   }
 }
 
+// Tiles whose only width is the whole tile (4 warpgroups) have no unit-widths variant.
+template <class T>
+constexpr bool kHasWidths = T::kWidthStep < T::kTokens;
+
 template <class T, Epilogue kEpi>
 void configure_kernels() {
-  for (auto kernel : {expert_gemm_wgmma_kernel<T, kEpi, false>, expert_gemm_wgmma_kernel<T, kEpi, true>})
-    K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_wgmma_kernel<T, kEpi, false>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+  if constexpr (kHasWidths<T>)
+    K3MOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_wgmma_kernel<T, kEpi, true>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
 }
 
 // GEMM1 on 2 or 4 consumer warpgroups, GEMM2 on 2 (see launch_expert_gemm_wgmma).
@@ -460,7 +467,9 @@ void configure_tiles() {
 
 template <class T, Epilogue kEpi>
 void launch_kernel(const ExpertGemmArgs& args, const GemmOutput& out, cudaStream_t stream) {
-  auto kernel = args.unit_widths ? expert_gemm_wgmma_kernel<T, kEpi, true> : expert_gemm_wgmma_kernel<T, kEpi, false>;
+  auto kernel = expert_gemm_wgmma_kernel<T, kEpi, false>;
+  if constexpr (kHasWidths<T>)
+    if (args.unit_widths) kernel = expert_gemm_wgmma_kernel<T, kEpi, true>;
   launch_dependent(kernel, args.sm_count, T::kThreads, T::kSmemBytes, stream, args, out);
 }
 
