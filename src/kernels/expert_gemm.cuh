@@ -45,9 +45,6 @@ struct ExpertGemmArgs {
   // Each weight feeds one unit only (every expert's rows fit one token tile): the wgmma kernel then
   // streams the weights with an L2 evict_first policy, as the mma.sync kernels always do.
   bool weights_once = false;
-  // wgmma: each unit's wgmmas only as wide as its tile's rows (rounded up to a step of 16 or 32),
-  // for the fractional last tiles of a few tiles per expert; else every unit at the tile's width.
-  bool unit_widths = false;
   // The wgmma kernels: GEMM1's consumer warpgroups each add 1 to tile_info[t].w once they stored
   // their rows of a unit of token tile t; GEMM2's CTAs take units in order from unit_counter and
   // start one once its tile's count reaches this (GEMM1's units per tile x consumer warpgroups),

@@ -23,9 +23,10 @@
 //             completed. Four warpgroups of 104 registers run the MXFP8 epilogue faster (measured:
 //             bench/NOTES.md, Session 4); two of 232 run the bf16 epilogue faster.
 // Small N streams weights (decode-like, more stages in flight); large N reuses each widened
-// fragment over more tokens (prefill). With ExpertGemmArgs::unit_widths, a unit's wgmmas are only
-// as wide as its tile's rows rounded up to 16 or 32 (an expert's last tile is often a fraction of
-// N), so its tensor work shrinks with them; the producer still fills (zeros) the whole tile.
+// fragment over more tokens (prefill). On 2 consumer warpgroups a unit's wgmmas are only as wide
+// as its tile's rows rounded up to 16 or 32 (an expert's last tile is often a fraction of N), so
+// its tensor work shrinks with them; the producer still fills (zeros) the whole tile. 4 warpgroups
+// (104 registers) have room for one width only.
 // Epilogues store from the accumulators, whose per-warp layout is mma.sync's (rows g and g + 8 of
 // each 16 are gate and up of one output, by the W13 row order):
 //   GEMM1: act(h_gate, h_up) as bf16 (A16) or MXFP8 (group amax over the 4 warps of an m64 tile);
@@ -97,14 +98,14 @@ __device__ __forceinline__ int unit_width(const WgUnit& unit) {
   return (unit.tile.z + T::kWidthStep - 1) / T::kWidthStep * T::kWidthStep;
 }
 
-// f(std::integral_constant<int, n>) for the unit width n (kWidths), or for T::kTokens.
-template <class T, bool kWidths, int kN = T::kWidthStep, class F>
+// f(std::integral_constant<int, n>) for the unit width n.
+template <class T, int kN = T::kWidthStep, class F>
 __device__ __forceinline__ void with_width(int n, F&& f) {
-  if constexpr (!kWidths || kN >= T::kTokens) {
+  if constexpr (kN >= T::kTokens) {
     f(std::integral_constant<int, T::kTokens>{});
   } else {
     if (n == kN) f(std::integral_constant<int, kN>{});
-    else with_width<T, kWidths, kN + T::kWidthStep>(n, f);
+    else with_width<T, kN + T::kWidthStep>(n, f);
   }
 }
 
@@ -365,7 +366,7 @@ __device__ __forceinline__ void store_rows(const ExpertGemmArgs& a, const GemmOu
   });
 }
 
-template <class T, Epilogue kEpi, bool kWidths>
+template <class T, Epilogue kEpi>
 __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(ExpertGemmArgs a, GemmOutput out) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
@@ -417,8 +418,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   };
   for (int u = next_unit(int(blockIdx.x) - int(gridDim.x)); u < num_units; u = next_unit(u)) {
     const WgUnit unit = kTakeUnits ? taken : wg_unit(a, u, row_groups);
-    const int width = kWidths ? unit_width<T>(unit) : T::kTokens;
-    with_width<T, kWidths>(width, [&](auto n) {
+    const int width = unit_width<T>(unit);
+    with_width<T>(width, [&](auto n) {
       for (int c = 0; c < chunks; ++c, ++seq) {
         const int stage = seq % T::kStages;
         ptx::mbarrier_wait_parity(&s_full[stage], (seq / T::kStages) & 1);
@@ -444,17 +445,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   }
 }
 
-// Tiles whose only width is the whole tile (4 warpgroups) have no unit-widths variant.
-template <class T>
-constexpr bool kHasWidths = T::kWidthStep < T::kTokens;
-
 template <class T, Epilogue kEpi>
 void configure_kernels() {
-  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_wgmma_kernel<T, kEpi, false>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
-  if constexpr (kHasWidths<T>)
-    K3MOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_wgmma_kernel<T, kEpi, true>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_wgmma_kernel<T, kEpi>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        T::kSmemBytes));
 }
 
 // GEMM1 on 2 or 4 consumer warpgroups, GEMM2 on 2 (see launch_expert_gemm_wgmma).
@@ -467,10 +461,7 @@ void configure_tiles() {
 
 template <class T, Epilogue kEpi>
 void launch_kernel(const ExpertGemmArgs& args, const GemmOutput& out, cudaStream_t stream) {
-  auto kernel = expert_gemm_wgmma_kernel<T, kEpi, false>;
-  if constexpr (kHasWidths<T>)
-    if (args.unit_widths) kernel = expert_gemm_wgmma_kernel<T, kEpi, true>;
-  launch_dependent(kernel, args.sm_count, T::kThreads, T::kSmemBytes, stream, args, out);
+  launch_dependent(expert_gemm_wgmma_kernel<T, kEpi>, args.sm_count, T::kThreads, T::kSmemBytes, stream, args, out);
 }
 
 template <int kTokens>

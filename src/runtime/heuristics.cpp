@@ -90,11 +90,10 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
     // T = 128 3 % slower, T = 4096 and ep16 T = 8192 within the spread (bench/NOTES.md, Session 20).
     k.gemm1_warps = mode == Mode::Mxfp8 ? 16 : 8;
     k.gemm2_warps = 8;
-    // NOTE: an expert's last tile holds its rows modulo the tile; narrower wgmmas for it pay while
-    // it is a sizeable part of the expert's tiles, and cost ~0.5-2 % from ~20 tiles (code of the
-    // other widths in the kernel; measured local28 a16: T = 512, 3 tiles, -8.5 %; ep16 T = 8192, 2,
-    // -8.3 %; T = 4096, 19, +0.5 %; T = 16384, 74, +1.7 %; bench/NOTES.md, Session 14).
-    k.unit_widths = std::ceil(rows / kernels::tile_tokens(k.token_tile)) <= 6.0;
+    // NOTE: on 2 consumer warpgroups an expert's last, partial tile runs narrower wgmmas (the
+    // kernel's unit widths), at every T since the epilogues became rolled loops (against the tile's
+    // width, local28 a16: T = 2048 -3..-5 %, 4096 -1.4 %, 8192 -1.6 %, 16384 -1.1 %; bench/NOTES.md,
+    // Session 22); GEMM1 in mxfp8 runs 4 warpgroups, which have one width.
     return k;
   }
   if (k.token_tile == kernels::TokenTile::T32 && rows >= 64.0) k.gemm1_warps = k.gemm2_warps = 8;
@@ -142,9 +141,10 @@ std::string KernelChoice::describe() const {
     const int n = kernels::tile_tokens(token_tile);
     std::snprintf(buf, sizeof buf,
                   "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + %d consumer warpgroups in GEMM1, "
-                  "%d in GEMM2) over units of 256 weight rows x %d tokens%s, K whole%s; GEMM2 takes units in order, "
+                  "%d in GEMM2) over units of 256 weight rows x %d tokens (on 2 warpgroups, wgmma N: the tile's rows rounded "
+                  "up), K whole%s; GEMM2 takes units in order, "
                   "each once GEMM1 has stored its token tile (expected %.1f active experts, %.1f rows each)",
-                  n, gemm1_warps / 4, gemm2_warps / 4, n, unit_widths ? " (wgmma N: the tile's rows rounded up)" : "",
+                  n, gemm1_warps / 4, gemm2_warps / 4, n,
                   weights_once ? ", weights read once (L2 evict_first)" : "",
                   expected_active_experts, expected_rows_per_expert);
     return buf;

@@ -20,7 +20,6 @@ struct KernelChoice {
   double expected_active_experts = 0.0;
   double expected_rows_per_expert = 0.0;
   bool weights_once = false;  // expected rows per expert fit one token tile (ExpertGemmArgs)
-  bool unit_widths = false;   // wgmma: units as wide as their tile's rows (ExpertGemmArgs)
   // GEMM1 splits K and its CTAs leave room on every SM for one CTA of the activation stage, which
   // then lets GEMM2 start in GEMM1's tail (ActivationArgs::release_early).
   bool activation_beside_gemm1 = false;

@@ -240,7 +240,6 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token, ws.tile_info, ws.num_tiles,
                              ws.unit_counters, p.num_local, 2 * c.intermediate, c.hidden, choice.gemm1_splits, p.sm_count};
   g1.weights_once = choice.weights_once;
-  g1.unit_widths = choice.unit_widths;
   g1.times = times(ForwardStage::Gemm1);
   kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
   kernels::launch_expert_gemm1(g1, out1, choice.token_tile, choice.gemm1_warps, stream);

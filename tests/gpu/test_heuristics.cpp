@@ -88,13 +88,6 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_TRUE(choose_kernels(c, ExpertParallel{1, 0}, 128, 132).weights_once);
   EXPECT_FALSE(choose_kernels(c, ExpertParallel{1, 0}, 512, 132).weights_once);
   EXPECT_FALSE(big.weights_once);
-  // Narrower wgmmas for an expert's last tile while an expert has at most 6 tiles.
-  EXPECT_TRUE(choose_kernels(c, ExpertParallel{1, 0}, 128, 132).unit_widths);
-  EXPECT_TRUE(choose_kernels(c, ExpertParallel{1, 0}, 512, 132).unit_widths);   // 293 rows: 3 tiles
-  EXPECT_TRUE(choose_kernels(c, ExpertParallel{1, 0}, 1024, 132).unit_widths);  // 5 tiles
-  EXPECT_FALSE(choose_kernels(c, ExpertParallel{1, 0}, 2048, 132).unit_widths);
-  EXPECT_FALSE(big.unit_widths);
-  EXPECT_FALSE(choose_kernels(c, ExpertParallel{1, 0}, 8, 132).unit_widths);  // mma.sync
   // Forced: a tile alone picks the kernel that has it; the rest follows.
   const KernelChoice forced = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::Auto, 32);
   EXPECT_EQ(forced.token_tile, kernels::TokenTile::T32);
