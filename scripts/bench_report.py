@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The benchmark's JSON (`k3moe bench --json`) as the README's table, or two runs side by side.
+
+  scripts/bench_report.py table DECODE.json [PREFILL.json ...]   the README's Markdown table
+  scripts/bench_report.py compare A.json B.json                   per row: A and B us, B / A - 1
+
+Only the standard library; tests/python/test_bench_report.py checks both and that the README's
+table is the one its "Latest run" JSON gives.
+"""
+import argparse
+import json
+import sys
+
+# Marlin MoE on the same H200, whole flow in a CUDA graph (../shared/docs/PERF.md), a16 only.
+MARLIN_US = {
+    ("local28", 1, "a16"): 132.5,
+    ("local28", 8, "a16"): 213,
+    ("local28", 32, "a16"): 315,
+    ("local28", 128, "a16"): 736,
+    ("local28", 4096, "a16"): 16500,
+    ("ep32", 64, "a16"): 176,
+    ("ep16", 256, "a16"): 459,
+    ("ep16", 8192, "a16"): 3690,
+}
+
+HEADER = ("| shape | T | mode | active experts | µs | µs +route | TB/s | TFLOP/s | floor/t | read/t "
+          "| baseline µs | speed-up | Marlin µs |")
+RULE = "|" + "---|" * 13
+
+ROW_FIELDS = ("shape", "tokens", "mode", "active_experts", "us", "us_with_routing", "tb_s", "tflop_s",
+              "floor_ratio", "read_ratio", "baseline_us", "speedup")
+
+
+class ReportError(Exception):
+    pass
+
+
+def load_rows(path):
+    """The rows of one bench JSON, or a ReportError naming the file and what is missing."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            run = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ReportError(f"{path}: cannot read a bench JSON ({e})") from e
+    rows = run.get("rows") if isinstance(run, dict) else None
+    if not isinstance(rows, list):
+        raise ReportError(f"{path}: expected an object with a 'rows' list, got {type(run).__name__}"
+                          + ("" if not isinstance(run, dict) else f" with keys {sorted(run)}"))
+    for i, row in enumerate(rows):
+        missing = [k for k in ROW_FIELDS if k not in row]
+        if missing:
+            raise ReportError(f"{path}: row {i} lacks {', '.join(missing)}")
+    return rows
+
+
+def key(row):
+    return (row["shape"], int(row["tokens"]), row["mode"])
+
+
+def table_line(row):
+    marlin = MARLIN_US.get(key(row))
+    return ("| {shape} | {tokens} | {mode} | {active_experts:.1f} | {us:.1f} | {us_with_routing:.1f} | {tb_s:.2f} "
+            "| {tflop_s:.1f} | {floor_ratio:.3f} | {read_ratio:.3f} | {baseline_us:.1f} | {speedup:.2f}x | {marlin} |"
+            ).format(**row, marlin="-" if marlin is None else f"{marlin:g}")
+
+
+def table(paths):
+    lines = [HEADER, RULE]
+    for path in paths:
+        lines += [table_line(row) for row in load_rows(path)]
+    return lines
+
+
+def compare(path_a, path_b):
+    rows_a = {key(r): r for r in load_rows(path_a)}
+    rows_b = load_rows(path_b)
+    lines = [f"{'shape':8} {'T':>5} {'mode':6} {'A us':>10} {'B us':>10} {'B/A-1':>8} {'A floor/t':>9} {'B floor/t':>9}"]
+    seen = set()
+    for b in rows_b:
+        k = key(b)
+        seen.add(k)
+        a = rows_a.get(k)
+        if a is None:
+            lines.append(f"{k[0]:8} {k[1]:5} {k[2]:6} {'-':>10} {b['us']:10.1f} {'(B only)':>8}")
+            continue
+        change = 100.0 * (b["us"] / a["us"] - 1.0) if a["us"] > 0 else float("nan")
+        lines.append(f"{k[0]:8} {k[1]:5} {k[2]:6} {a['us']:10.1f} {b['us']:10.1f} {change:+7.1f}% "
+                     f"{a['floor_ratio']:9.3f} {b['floor_ratio']:9.3f}")
+    for k, a in rows_a.items():
+        if k not in seen:
+            lines.append(f"{k[0]:8} {k[1]:5} {k[2]:6} {a['us']:10.1f} {'-':>10} {'(A only)':>8}")
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("table", help="the README's Markdown table from one or more bench JSON files")
+    t.add_argument("json", nargs="+")
+    c = sub.add_parser("compare", help="two bench JSON files row by row")
+    c.add_argument("a")
+    c.add_argument("b")
+    args = parser.parse_args(argv)
+    try:
+        lines = table(args.json) if args.command == "table" else compare(args.a, args.b)
+    except ReportError as e:
+        print(f"bench_report: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

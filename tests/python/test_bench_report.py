@@ -1,0 +1,76 @@
+"""scripts/bench_report.py: the README's table from the benchmark's JSON, and A/B comparisons.
+
+The last test holds the README to the run it cites: its table must be the one that run's JSON gives.
+"""
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("bench_report", ROOT / "scripts" / "bench_report.py")
+bench_report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_report)
+
+
+def row(shape="local28", tokens=1, mode="a16", us=100.0, floor_ratio=0.5):
+    return {"shape": shape, "tokens": tokens, "mode": mode, "active_experts": 16.0, "us": us,
+            "us_with_routing": us + 4.25, "tb_s": 3.5712, "tflop_s": 13.44, "floor_ratio": floor_ratio,
+            "read_ratio": 0.8534, "baseline_us": 412.31, "speedup": 4.1231}
+
+
+def write(tmp_path, name, rows):
+    path = tmp_path / name
+    path.write_text(json.dumps({"commit": "abc", "rows": rows}))
+    return str(path)
+
+
+def test_table_line_formats_every_column_and_marlin():
+    assert bench_report.table_line(row()) == (
+        "| local28 | 1 | a16 | 16.0 | 100.0 | 104.2 | 3.57 | 13.4 | 0.500 | 0.853 | 412.3 | 4.12x | 132.5 |")
+    assert bench_report.table_line(row(tokens=4096)).endswith("| 16500 |")
+    assert bench_report.table_line(row(mode="mxfp8")).endswith("| - |")  # Marlin: a16 only
+
+
+def test_table_has_header_and_rows_of_every_file_in_order(tmp_path):
+    a = write(tmp_path, "a.json", [row(tokens=1), row(tokens=8)])
+    b = write(tmp_path, "b.json", [row(tokens=128)])
+    lines = bench_report.table([a, b])
+    assert lines[0] == bench_report.HEADER and lines[1] == bench_report.RULE
+    assert [line.split(" | ")[1] for line in lines[2:]] == ["1", "8", "128"]
+
+
+def test_compare_gives_the_change_and_rows_of_one_side(tmp_path):
+    a = write(tmp_path, "a.json", [row(tokens=1, us=100.0), row(tokens=8, us=50.0)])
+    b = write(tmp_path, "b.json", [row(tokens=1, us=95.0, floor_ratio=0.6), row(tokens=32, us=70.0)])
+    lines = bench_report.compare(a, b)
+    common = next(line for line in lines if line.split()[:2] == ["local28", "1"])
+    assert "-5.0%" in common and common.split()[-2:] == ["0.500", "0.600"]
+    assert any("(B only)" in line and " 32 " in line for line in lines)
+    assert any("(A only)" in line and " 8 " in line for line in lines)
+
+
+def test_bad_input_names_the_file_and_what_is_missing(tmp_path):
+    no_rows = tmp_path / "no_rows.json"
+    no_rows.write_text(json.dumps({"commit": "abc"}))
+    with pytest.raises(bench_report.ReportError, match=r"no_rows\.json: expected an object with a 'rows' list"):
+        bench_report.load_rows(str(no_rows))
+    partial = dict(row())
+    del partial["floor_ratio"]
+    path = write(tmp_path, "partial.json", [row(), partial])
+    with pytest.raises(bench_report.ReportError, match=r"partial\.json: row 1 lacks floor_ratio"):
+        bench_report.load_rows(path)
+    assert bench_report.main(["compare", str(no_rows), path]) == 2
+
+
+def test_readme_table_is_the_one_its_latest_run_gives():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"Latest run:.*?JSON: bench/results/(\S+?)-\*\.json", readme)
+    assert match, "README.md has no 'Latest run: ... JSON: bench/results/<run>-*.json' line"
+    run = ROOT / "bench" / "results" / match.group(1)
+    files = [str(run) + f"-{suite}.json" for suite in ("decode", "prefill")]
+    expected = "\n".join(bench_report.table(files))
+    assert expected in readme, "README.md's table differs from scripts/bench_report.py table " + " ".join(files)
