@@ -3,21 +3,24 @@
 # the validation matrix, the sanitizers and the benchmark; logs and JSON go to OUTDIR, and a
 # summary table is printed last.
 #
-#   scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps tests,validate,sanitize,bench] [--commit SHA]
+#   scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps tests,validate,sanitize,bench] [--commit SHA] [--pack]
 #
 # --bin DIR: a directory holding prebuilt `k3moe` and `k3moe_gpu_tests` (skips the build).
+# --pack: at the end, the logs go into OUTDIR/logs.tgz, so that OUTDIR holds four files (the device
+# tool brings back a limited number of files per call).
 # Without it, the build needs the DLPack header: either installed, or libdlpack-dev*.deb in .deps/
 # (unpacked into .deps/prefix, never into /).
 set -uo pipefail
 
-out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps LIST] [--commit SHA]}
+out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps LIST] [--commit SHA] [--pack]}
 shift
-bin="" steps="tests,validate,sanitize,bench" commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+bin="" steps="tests,validate,sanitize,bench" commit=$(git rev-parse HEAD 2>/dev/null || echo unknown) pack=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --commit) commit=$2; shift 2 ;;
+    --pack) pack=1; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -102,5 +105,12 @@ fi
 
 echo
 echo "== summary (commit $commit) =="
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" | tee "$out/summary.log"
+if [ $pack = 1 ]; then
+  (cd "$out" || exit 1
+   shopt -s nullglob
+   files=(*.log *.csv)
+   [ -f gpu_tests.json ] && files+=(gpu_tests.json)
+   tar czf logs.tgz "${files[@]}" && rm -f "${files[@]}")
+fi
 exit $status
