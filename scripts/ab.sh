@@ -5,7 +5,7 @@
 #   scripts/ab.sh A_BIN B_BIN ROUNDS [bench options...]
 #
 # e.g. scripts/ab.sh main/k3moe draft/k3moe 2 --suite decode --mode a16
-# Prints each round's rows, labelled A or B; `--no-baseline` is added (the baseline is the same for
+# Prints each round's output (ceilings, rows), labelled A or B; `--no-baseline` is added (the baseline is the same for
 # both builds).
 set -uo pipefail
 
@@ -24,7 +24,8 @@ for ((r = 1; r <= rounds; ++r)); do
     bin=$a
     [ $label = B ] && bin=$b
     echo "-- round $r $label ($bin)"
-    "$bin" bench --no-baseline "$@" | grep -E '^(shape|local28|ep16|ep32) |stages' || status=1
+    # Every line but the input generator's progress (as gpu-check.sh prints it): new shapes too.
+    "$bin" bench --no-baseline "$@" | grep -vE '^\s*generate|^\r' || status=1
   done
 done
 exit $status
