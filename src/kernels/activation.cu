@@ -21,7 +21,6 @@ constexpr int kGroup = 32;
 constexpr int kVector = 4;                     // outputs per thread
 constexpr int kGroupLanes = kGroup / kVector;  // threads per MX group
 constexpr int kThreads = 256;
-constexpr int kLoadBatch = 4;  // splits loaded together (8 float4 in flight per thread)
 
 __device__ __forceinline__ void add4(float4& a, const float4& b) {
   a.x += b.x;
@@ -30,7 +29,13 @@ __device__ __forceinline__ void add4(float4& a, const float4& b) {
   a.w += b.w;
 }
 
-__global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) {
+// kLoadBatch: splits loaded together (2 kLoadBatch float4 in flight per thread). NOTE: the stage is
+// its CTAs' waves of one round of loads each (bench/NOTES.md, Session 22 Step 6), so registers set
+// its time: 4 holds 78-80 (3 CTAs of 256 per SM), 2 (for <= 2 splits, local28 T = 8-32) 48 (5 per
+// SM; 2 beside GEMM1's three 8-token CTAs when released early); local28 T = 8-32 -1..-2 us
+// (Session 23).
+template <int kLoadBatch>
+__global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? 5 : 3) activation_kernel(ActivationArgs a) {
   // NOTE: released early, GEMM2 launches while GEMM1 still runs: its CTAs take the SMs that GEMM1's
   // tail frees and stream their first weights there. They read this stage's output only after
   // their own wait, which covers this stage's end (and so GEMM1's).
@@ -42,10 +47,11 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(ActivationArgs a) 
   // NOTE: a grid of a few waves strides over the rows in use (the grid is sized without knowing
   // how many of the T K slots are local). Whole warps leave together (I / 4 is a multiple of 32):
   // the shuffles below see all 32 lanes.
-  const int quads = a.intermediate / kVector;
-  const int64_t used = int64_t(a.expert_offset[a.num_local]) * quads;
-  for (int64_t index = int64_t(blockIdx.x) * kThreads + threadIdx.x; index < used;
-       index += int64_t(gridDim.x) * kThreads) {
+  // NOTE: 32-bit indices (launch_activation checks max_rows x I / 4 < 2^31): 64-bit division
+  // is a library call with registers of its own.
+  const uint32_t quads = uint32_t(a.intermediate / kVector);
+  const uint32_t used = uint32_t(a.expert_offset[a.num_local]) * quads;
+  for (uint32_t index = blockIdx.x * kThreads + threadIdx.x; index < used; index += gridDim.x * kThreads) {
     const int64_t row = index / quads;
     const int j = int(index % quads) * kVector;
     const float* h = a.h + row * 2 * a.intermediate + j;
@@ -101,16 +107,22 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream) {
               " must be a multiple of ", 32 * kVector);
   const int64_t threads = int64_t(args.max_rows) * (args.intermediate / kVector);
   if (threads == 0) return;
-  // Released early, one CTA per SM: every CTA is then resident (beside GEMM1's) and has released
-  // GEMM2 while GEMM1 runs.
-  const int64_t blocks = std::min<int64_t>((threads + kThreads - 1) / kThreads,
-                                           int64_t(args.sm_count) * (args.release_early ? 1 : 8));
-  launch_dependent(activation_kernel, dim3(unsigned(blocks)), kThreads, 0, stream, args);
+  K3MOE_CHECK(threads < (int64_t(1) << 31) - int64_t(args.sm_count) * 8 * kThreads, "activation stage: ",
+              args.max_rows, " rows x I = ", args.intermediate, " exceed its 32-bit indices");
+  // Released early, as many CTAs per SM as fit beside GEMM1's: every CTA is then resident and has
+  // released GEMM2 while GEMM1 runs.
+  const int per_sm = args.release_early ? activation_ctas_beside_gemm1(args.splits) : 8;
+  const int64_t blocks = std::min<int64_t>((threads + kThreads - 1) / kThreads, int64_t(args.sm_count) * per_sm);
+  if (args.splits <= 2) return launch_dependent(activation_kernel<2>, dim3(unsigned(blocks)), kThreads, 0, stream, args);
+  launch_dependent(activation_kernel<4>, dim3(unsigned(blocks)), kThreads, 0, stream, args);
 }
 
-cudaFuncAttributes activation_kernel_attributes() {
+int activation_ctas_beside_gemm1(int splits) { return splits <= 2 ? 2 : 1; }
+
+cudaFuncAttributes activation_kernel_attributes(int splits) {
   cudaFuncAttributes attributes{};
-  K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, activation_kernel));
+  if (splits <= 2) K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, activation_kernel<2>));
+  else K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, activation_kernel<4>));
   return attributes;
 }
 

@@ -27,14 +27,19 @@ struct ActivationArgs {
   Mode mode = Mode::A16;
   Activation activation = Activation::Situ;
   ActivationParams params;
-  // Let GEMM2 launch before this stage waits for GEMM1, and run one CTA per SM. It pays only where
-  // that CTA fits beside GEMM1's on every SM (KernelChoice::activation_beside_gemm1).
+  // Let GEMM2 launch before this stage waits for GEMM1, and run activation_ctas_beside_gemm1(splits)
+  // CTAs per SM. It pays only where they fit beside GEMM1's on every SM
+  // (KernelChoice::activation_beside_gemm1).
   bool release_early = false;
   StageTimes* times = nullptr;  // optional record of this launch (stage_marks.cuh)
 };
 
 void launch_activation(const ActivationArgs& args, cudaStream_t stream);
-// The kernel's resources (registers, shared memory), for the test that it fits beside GEMM1's CTAs.
-cudaFuncAttributes activation_kernel_attributes();
+// Released early: the CTAs per SM the stage runs for `splits` (2 for the 2-split kernel's 48
+// registers, 1 for the other's 80).
+int activation_ctas_beside_gemm1(int splits);
+// The resources (registers, shared memory) of the kernel that runs `splits`, for the test that
+// activation_ctas_beside_gemm1(splits) of its CTAs fit beside GEMM1's.
+cudaFuncAttributes activation_kernel_attributes(int splits);
 
 }  // namespace k3moe::kernels

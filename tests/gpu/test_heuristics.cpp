@@ -54,7 +54,7 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(eight.gemm1_splits, 2);
   EXPECT_EQ(eight.gemm2_splits, 2);
   // GEMM2 is released in GEMM1's tail where the activation stage fits beside the 8-token GEMM1
-  // (stage test ActivationStage.OneCtaFitsBesideThreeEightTokenGemm1Ctas); K whole has no stage.
+  // (stage test ActivationStage.ItsCtasFitBesideThreeEightTokenGemm1Ctas); K whole has no stage.
   EXPECT_TRUE(eight.activation_beside_gemm1);
   EXPECT_FALSE(one.activation_beside_gemm1);
   EXPECT_TRUE(choose_kernels(MoeConfig::kimi_k3(), ExpertParallel{32, 0}, 64, 132).activation_beside_gemm1);

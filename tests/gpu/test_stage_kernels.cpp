@@ -177,13 +177,14 @@ TEST(DequantizeMxfp8Kernel, EveryCodeTimesEveryKindOfScaleEqualsTheHost) {
   }
 }
 
-// KernelChoice::activation_beside_gemm1 lets GEMM2 start in GEMM1's tail only if one activation CTA
-// is resident next to the three CTAs of the 8-token GEMM1 on every SM (registers are allocated per
-// warp, in steps of 8 per thread; shared memory with a reserve per CTA); a kernel change that grows
-// either kernel past that would keep the results and silently lose the overlap (heuristics.cpp).
-// The arithmetic only: the carveout the driver configures can leave less shared memory (bench/
-// NOTES.md, Session 16 Step 5).
-TEST(ActivationStage, OneCtaFitsBesideThreeEightTokenGemm1Ctas) {
+// KernelChoice::activation_beside_gemm1 lets GEMM2 start in GEMM1's tail only if the activation's
+// CTAs (activation_ctas_beside_gemm1: 2 of the 2-split kernel, 1 of the other) are resident next to
+// the three CTAs of the 8-token GEMM1 on every SM (registers are allocated per warp, in steps of 8
+// per thread; shared memory with a reserve per CTA); a kernel change that grows either kernel past
+// that would keep the results and silently lose the overlap (heuristics.cpp). The arithmetic only:
+// the carveout the driver configures can leave less shared memory (bench/NOTES.md, Session 16
+// Step 5).
+TEST(ActivationStage, ItsCtasFitBesideThreeEightTokenGemm1Ctas) {
   K3MOE_REQUIRE_GPU();
   int device = 0, registers = 0, smem = 0, threads = 0, reserved = 0;
   K3MOE_CUDA_CHECK(cudaGetDevice(&device));
@@ -196,16 +197,31 @@ TEST(ActivationStage, OneCtaFitsBesideThreeEightTokenGemm1Ctas) {
   };
   size_t gemm_dynamic = 0;
   const cudaFuncAttributes gemm = kernels::expert_gemm1_split_attributes(kernels::TokenTile::T8, &gemm_dynamic);
-  const cudaFuncAttributes act = kernels::activation_kernel_attributes();
   const int gemm_ctas = kernels::gemm_ctas_per_sm(kernels::TokenTile::T8);
   ASSERT_EQ(gemm_ctas, 3);
   const int act_threads = 256;
-  EXPECT_LE(gemm_ctas * cta_registers(gemm, gemm.maxThreadsPerBlock) + cta_registers(act, act_threads), registers)
-      << "GEMM1 " << gemm.numRegs << " registers x " << gemm.maxThreadsPerBlock << " threads, activation "
-      << act.numRegs << " x " << act_threads;
-  EXPECT_LE(gemm_ctas * gemm.maxThreadsPerBlock + act_threads, threads);
-  EXPECT_LE(gemm_ctas * (gemm_dynamic + gemm.sharedSizeBytes + reserved) + act.sharedSizeBytes + reserved, size_t(smem))
-      << "GEMM1 " << gemm_dynamic + gemm.sharedSizeBytes << " bytes, activation " << act.sharedSizeBytes;
+  for (const int splits : {2, kernels::kMaxActivationSplits}) {
+    const cudaFuncAttributes act = kernels::activation_kernel_attributes(splits);
+    const int act_ctas = kernels::activation_ctas_beside_gemm1(splits);
+    EXPECT_LE(gemm_ctas * cta_registers(gemm, gemm.maxThreadsPerBlock) + act_ctas * cta_registers(act, act_threads),
+              registers)
+        << splits << " splits: GEMM1 " << gemm.numRegs << " registers x " << gemm.maxThreadsPerBlock
+        << " threads, " << act_ctas << " activation CTAs of " << act.numRegs << " x " << act_threads;
+    EXPECT_LE(gemm_ctas * gemm.maxThreadsPerBlock + act_ctas * act_threads, threads) << splits << " splits";
+    EXPECT_LE(gemm_ctas * (gemm_dynamic + gemm.sharedSizeBytes + reserved) + act_ctas * (act.sharedSizeBytes + reserved),
+              size_t(smem))
+        << splits << " splits: GEMM1 " << gemm_dynamic + gemm.sharedSizeBytes << " bytes, activation "
+        << act.sharedSizeBytes;
+  }
+}
+
+// The stage indexes its items in 32 bits; more rows than that hold are refused before any launch.
+TEST(ActivationStage, RefusesMoreRowsThanItsIndicesHold) {
+  kernels::ActivationArgs big;
+  big.intermediate = 3072;
+  big.sm_count = 132;
+  big.max_rows = int((int64_t(1) << 31) / (big.intermediate / 4));  // 2^31 items exactly
+  EXPECT_THROW(kernels::launch_activation(big, nullptr), Error);
 }
 
 // The three mappings give the same bits (tokens with some, all or none of their slots local), and
