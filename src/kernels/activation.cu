@@ -22,6 +22,9 @@ constexpr int kVector = 4;                     // outputs per thread
 constexpr int kGroupLanes = kGroup / kVector;  // threads per MX group
 constexpr int kThreads = 256;
 
+// Which kernel runs `splits` (kLoadBatch below): the 2-split one, or the 4-split one.
+constexpr bool two_split_kernel(int splits) { return splits <= 2; }
+
 __device__ __forceinline__ void add4(float4& a, const float4& b) {
   a.x += b.x;
   a.y += b.y;
@@ -107,21 +110,23 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream) {
               " must be a multiple of ", 32 * kVector);
   const int64_t threads = int64_t(args.max_rows) * (args.intermediate / kVector);
   if (threads == 0) return;
-  K3MOE_CHECK(threads < (int64_t(1) << 31) - int64_t(args.sm_count) * 8 * kThreads, "activation stage: ",
-              args.max_rows, " rows x I = ", args.intermediate, " exceed its 32-bit indices");
+  const int64_t max_items = (int64_t(1) << 31) - int64_t(args.sm_count) * 8 * kThreads;
+  K3MOE_CHECK(threads < max_items, "activation stage: max_rows ", args.max_rows, " x I / 4 = ", threads,
+              " items, its 32-bit indices hold fewer than ", max_items);
   // Released early, as many CTAs per SM as fit beside GEMM1's: every CTA is then resident and has
   // released GEMM2 while GEMM1 runs.
   const int per_sm = args.release_early ? activation_ctas_beside_gemm1(args.splits) : 8;
   const int64_t blocks = std::min<int64_t>((threads + kThreads - 1) / kThreads, int64_t(args.sm_count) * per_sm);
-  if (args.splits <= 2) return launch_dependent(activation_kernel<2>, dim3(unsigned(blocks)), kThreads, 0, stream, args);
+  if (two_split_kernel(args.splits))
+    return launch_dependent(activation_kernel<2>, dim3(unsigned(blocks)), kThreads, 0, stream, args);
   launch_dependent(activation_kernel<4>, dim3(unsigned(blocks)), kThreads, 0, stream, args);
 }
 
-int activation_ctas_beside_gemm1(int splits) { return splits <= 2 ? 2 : 1; }
+int activation_ctas_beside_gemm1(int splits) { return two_split_kernel(splits) ? 2 : 1; }
 
 cudaFuncAttributes activation_kernel_attributes(int splits) {
   cudaFuncAttributes attributes{};
-  if (splits <= 2) K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, activation_kernel<2>));
+  if (two_split_kernel(splits)) K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, activation_kernel<2>));
   else K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, activation_kernel<4>));
   return attributes;
 }
