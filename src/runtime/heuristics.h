@@ -38,8 +38,9 @@ struct KernelChoice {
 // needs the registers and hides its latency (measured local28 T = 4096 mxfp8 11.78 -> 9.90 ms; 2 of
 // 2 against 4 of 1: 9.0 against 7.5 ms in Session 20, 7.8 against 7.4 with Session 21's rolled
 // epilogue, which only ep16 T = 8192 ran faster on 2 of 2, by 2 %; a16 equal at 4096 and up to 6 %
-// slower at T = 32..128 with 4); while an expert has at most 6 tiles, each unit's wgmmas are only as wide
-// as its tile's rows (the last tile's remainder). The split cost model: heuristics.cpp.
+// slower at T = 32..128 with 4); on 2 consumer warpgroups each unit's wgmmas are only as wide as
+// its tile's rows (an expert's last tile's remainder; every T since Session 22). The split cost
+// model: heuristics.cpp.
 // `forced_kernel` and `forced_tile` (PlanOptions) fix either; the rest is chosen for them.
 KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count,
                             GemmKernel forced_kernel = GemmKernel::Auto, int forced_tile = 0, Mode mode = Mode::A16);
