@@ -4,11 +4,15 @@
 // expert); the counts become each (warp, expert)'s first row: a prefix over warps per expert plus
 // the expert's offset from a scan over experts. Pass 2 hands out rows: that first row + the rank.
 //   warp:  up to 512 slots (chosen up to 128), one warp: shuffles instead of barriers and scans;
-//   block: up to 8192 slots, 32 warps of contiguous slot ranges, ranks kept in registers;
+//   block: up to 8192 slots, 32 warps of contiguous slot ranges;
 //   large: any count (prefill), kPermuteLargeBlocks blocks of 32 warps over contiguous slot ranges
 //          in three launches: counts per (block, expert); one block's scan of them into each
 //          block's first rows (the other kernels' per-warp prefix, one level up); each block counts
 //          again per warp and hands out its rows (pass 2 walks the slots again).
+// NOTE: the warp and block kernels keep their loops rolled: the ids land in shared memory by
+// cp.async (all in flight at once) and each slot keeps its rank there between the passes. Unrolled
+// (the ranks in registers) each round was new code for a cold instruction cache, and the one-warp
+// kernel ended 0.3-0.7 us later (bench/NOTES.md, Session 24).
 // Blocks past the permutation's in the (first) launch run PermuteArgs::rounding instead, one item
 // per thread.
 #include "kernels/permute.cuh"
@@ -24,8 +28,7 @@ namespace {
 
 constexpr int kThreads = 1024, kWarps = kThreads / 32;
 static_assert(kPermuteMaxLocalExperts <= kThreads, "one expert per thread in the scans over experts");
-constexpr int kBlockRounds = 8;  // rounds of 32 slots per warp in the block kernel's registers
-constexpr int kBlockSlots = kThreads * kBlockRounds;
+constexpr int kBlockSlots = 8192;
 
 // Every kernel's start: wait for the previous kernel and let the next one launch; blocks from
 // `blocks` on then run their items of the rounding job. True for blocks 0 .. blocks - 1, the
@@ -50,8 +53,49 @@ __device__ __forceinline__ int local_of(const PermuteArgs& a, int id) {
   return (id >= a.first_expert && id < a.first_expert + a.num_local) ? id - a.first_expert : -1;
 }
 
+// A slot between the passes of the decode kernels: -1 (not local), else its rank among the earlier
+// slots of its expert that its warp holds, above the local expert's bits.
+constexpr int kExpertBits = 10;
+static_assert(kPermuteMaxLocalExperts == 1 << kExpertBits);
+__device__ __forceinline__ int32_t slot_entry(int local, int rank) {
+  return local < 0 ? -1 : (rank << kExpertBits) | local;
+}
+__device__ __forceinline__ int entry_expert(int32_t entry) { return entry & ((1 << kExpertBits) - 1); }
+__device__ __forceinline__ int entry_rank(int32_t entry) { return entry >> kExpertBits; }
+
+// This lane's ids of slots [begin, end) into s_entry, all in flight at once; the warp's counts
+// ([num_local]) zeroed meanwhile. The warp's lanes see every id after it.
+__device__ __forceinline__ void load_warp_ids(const PermuteArgs& a, int32_t* s_entry, int begin, int end,
+                                              int32_t* counts) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll 1
+  for (int s = begin + lane; s < end; s += 32) ptx::cp_async_4(s_entry + s, a.ids + s);
+#pragma unroll 1
+  for (int e = lane; e < a.num_local; e += 32) counts[e] = 0;
+  ptx::cp_async_wait_all();
+  __syncwarp();
+}
+
+// Pass 1 over a warp's slots [begin, end), whose ids s_entry holds: each becomes its entry, and
+// counts[e] the warp's rows of expert e.
+__device__ __forceinline__ void rank_warp_slots(const PermuteArgs& a, int32_t* s_entry, int begin, int end,
+                                                int32_t* counts) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll 1
+  for (int base = begin; base < end; base += 32) {
+    const int s = base + lane;
+    const int local = s < end ? local_of(a, s_entry[s]) : -1;
+    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, local), before = peers & ptx::lanemask_lt();
+    const int rank = local >= 0 ? counts[local] + __popc(before) : 0;
+    __syncwarp();
+    if (local >= 0 && before == 0) counts[local] += __popc(peers);
+    __syncwarp();
+    if (s < end) s_entry[s] = slot_entry(local, rank);
+  }
+}
+
 __device__ __forceinline__ int2 warp_inclusive_sum(int2 v, int lane) {
-#pragma unroll
+#pragma unroll 1
   for (int offset = 1; offset < 32; offset *= 2) {
     const int x = __shfl_up_sync(0xFFFFFFFFu, v.x, offset), y = __shfl_up_sync(0xFFFFFFFFu, v.y, offset);
     if (lane >= offset) v = make_int2(v.x + x, v.y + y);
@@ -107,7 +151,7 @@ __device__ __forceinline__ void assign_first_rows(const PermuteArgs& a, int32_t*
 }
 
 // The 32-warp kernels' shared memory: counts per (warp, expert) [kWarps][num_local], then one row
-// per expert [num_local].
+// per expert [num_local], then (block kernel) one entry per slot.
 struct BlockCounts {
   int32_t* warp_rows;
   int32_t* expert_rows;
@@ -117,44 +161,32 @@ __device__ __forceinline__ BlockCounts block_counts(const PermuteArgs& a) {
   return {smem, smem + kWarps * a.num_local};
 }
 
-__device__ __forceinline__ void write_row(const PermuteArgs& a, int64_t slot, int32_t row) {
+// Slot: int (decode kernels, a 32-bit division) or int64_t.
+template <class Slot>
+__device__ __forceinline__ void write_row(const PermuteArgs& a, Slot slot, int32_t row) {
   a.slot_row[slot] = row;
   if (row >= 0) a.row_token[row] = int32_t(slot / a.top_k);
 }
 
-// Warp w holds rounds w * rounds .. (w + 1) * rounds - 1 of 32 slots, and the rank of each slot
-// among its warp's earlier slots of the same expert in registers between the passes.
+// Warp w holds slots [w rounds, (w + 1) rounds) x 32, their entries in shared memory between the
+// passes.
 __global__ void __launch_bounds__(kThreads, 1) permute_block_kernel(PermuteArgs a) {
   const auto [warp_rows, expert_rows] = block_counts(a);
+  int32_t* s_entry = expert_rows + a.num_local;  // [slots]
   if (!start_permutation_block(a)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int slots = a.tokens * a.top_k;
-  const int rounds = (slots + kThreads - 1) / kThreads;
-  int local[kBlockRounds], rank[kBlockRounds];
-#pragma unroll
-  for (int r = 0; r < kBlockRounds; ++r) {
-    const int slot = (warp * rounds + r) * 32 + lane;
-    local[r] = r < rounds && slot < slots ? local_of(a, a.ids[slot]) : -1;
-    rank[r] = 0;
-  }
-  for (int i = threadIdx.x; i < kWarps * a.num_local; i += kThreads) warp_rows[i] = 0;
-  __syncthreads();
+  const int per_warp = (slots + kThreads - 1) / kThreads * 32;
+  const int begin = min(slots, warp * per_warp), end = min(slots, begin + per_warp);
   int32_t* counts = warp_rows + warp * a.num_local;
-#pragma unroll
-  for (int r = 0; r < kBlockRounds; ++r) {
-    if (r >= rounds) break;
-    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, local[r]), before = peers & ptx::lanemask_lt();
-    if (local[r] >= 0) rank[r] = counts[local[r]] + __popc(before);
-    __syncwarp();
-    if (local[r] >= 0 && before == 0) counts[local[r]] += __popc(peers);
-    __syncwarp();
-  }
+  load_warp_ids(a, s_entry, begin, end, counts);
+  rank_warp_slots(a, s_entry, begin, end, counts);
   assign_first_rows(a, warp_rows, expert_rows);
-#pragma unroll
-  for (int r = 0; r < kBlockRounds; ++r) {
-    const int slot = (warp * rounds + r) * 32 + lane;
-    if (r >= rounds || slot >= slots) break;
-    write_row(a, slot, local[r] < 0 ? -1 : expert_rows[local[r]] + counts[local[r]] + rank[r]);
+#pragma unroll 1
+  for (int s = begin + lane; s < end; s += 32) {
+    const int32_t entry = s_entry[s];
+    const int local = entry_expert(entry);
+    write_row(a, s, entry < 0 ? -1 : expert_rows[local] + counts[local] + entry_rank(entry));
   }
   end_permutation_warp(a);
 }
@@ -250,26 +282,15 @@ constexpr int kWarpAutoSlots = 128;  // beyond, the block kernel is faster (Sess
 // Beyond, the large permutation's three launches over 32 blocks are faster than one block (on the
 // H200: 8192 slots 16.8 us in one block, 65,536 in 8.9 us over 32; bench/NOTES.md, Session 19).
 constexpr int kBlockAutoSlots = 4096;
-constexpr int kWarpRounds = kWarpSlots / 32;
 
 __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
-  extern __shared__ int32_t next_row[];  // [num_local]: counts, then each expert's next row
+  extern __shared__ int32_t next_row[];  // [num_local]: counts, then each expert's next row; then the entries
+  int32_t* s_entry = next_row + a.num_local;  // [slots]
   if (!start_permutation_block(a)) return;
   const int lane = threadIdx.x;
   const int slots = a.tokens * a.top_k;
-  int local[kWarpRounds];  // slot 32 i + lane's local expert, -1 if none
-#pragma unroll
-  for (int i = 0; i < kWarpRounds; ++i) local[i] = 32 * i + lane < slots ? local_of(a, a.ids[32 * i + lane]) : -1;
-  for (int e = lane; e < a.num_local; e += 32) next_row[e] = 0;
-  __syncwarp();
-  uint32_t peers[kWarpRounds];  // the lanes of round i with slot 32 i + lane's expert (pass 2 reuses them)
-#pragma unroll
-  for (int i = 0; i < kWarpRounds; ++i) {
-    if (32 * i >= slots) break;
-    peers[i] = __match_any_sync(0xFFFFFFFFu, local[i]);
-    if (local[i] >= 0 && (peers[i] & ptx::lanemask_lt()) == 0) next_row[local[i]] += __popc(peers[i]);
-    __syncwarp();
-  }
+  load_warp_ids(a, s_entry, 0, slots, next_row);
+  rank_warp_slots(a, s_entry, 0, slots, next_row);
 
   // Experts 32 at a time: inclusive scans of rows and tiles give each expert's first row and
   // first tile; its tiles go to the schedule.
@@ -278,15 +299,8 @@ __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
     const int e = e0 + lane;
     const int count = e < a.num_local ? next_row[e] : 0;
     const int tiles = (count + a.tile_rows - 1) / a.tile_rows;
-    int rows_incl = count, tiles_incl = tiles;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset *= 2) {
-      const int r = __shfl_up_sync(0xFFFFFFFFu, rows_incl, offset), t = __shfl_up_sync(0xFFFFFFFFu, tiles_incl, offset);
-      if (lane >= offset) {
-        rows_incl += r;
-        tiles_incl += t;
-      }
-    }
+    const int2 incl = warp_inclusive_sum(make_int2(count, tiles), lane);
+    const int rows_incl = incl.x, tiles_incl = incl.y;
     const int first_row = rows_before + rows_incl - count, first_tile = tiles_before + tiles_incl - tiles;
     if (e < a.num_local) {
       a.expert_offset[e] = first_row;
@@ -303,28 +317,27 @@ __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
   }
   __syncwarp();
 
-#pragma unroll
-  for (int i = 0; i < kWarpRounds; ++i) {
-    if (32 * i >= slots) break;
-    const int slot = 32 * i + lane;
-    const int32_t row = local[i] >= 0 ? next_row[local[i]] + __popc(peers[i] & ptx::lanemask_lt()) : -1;
-    __syncwarp();
-    if (local[i] >= 0 && (peers[i] & ptx::lanemask_lt()) == 0) next_row[local[i]] += __popc(peers[i]);
-    __syncwarp();
-    if (slot < slots) write_row(a, slot, row);
+#pragma unroll 1
+  for (int s = lane; s < slots; s += 32) {
+    const int32_t entry = s_entry[s];
+    write_row(a, s, entry < 0 ? -1 : next_row[entry_expert(entry)] + entry_rank(entry));
   }
   end_permutation_warp(a);
 }
 
-int smem_bytes(int warps, int num_local) { return (warps + 1) * num_local * int(sizeof(int32_t)); }
+// Counts per (warp, expert) and one row per expert, then (decode kernels) one entry per slot.
+int smem_bytes(int warps, int num_local, int slots = 0) {
+  return ((warps + 1) * num_local + slots) * int(sizeof(int32_t));
+}
 
 }  // namespace
 
 void configure_permute_kernel() {
-  for (auto kernel : {permute_block_kernel, permute_large_count_kernel, permute_large_scan_kernel,
-                      permute_large_write_kernel})
+  for (auto kernel : {permute_large_count_kernel, permute_large_scan_kernel, permute_large_write_kernel})
     K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           smem_bytes(kWarps, kPermuteMaxLocalExperts)));
+  K3MOE_CUDA_CHECK(cudaFuncSetAttribute(permute_block_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem_bytes(kWarps, kPermuteMaxLocalExperts, kBlockSlots)));
 }
 
 void launch_permute(const PermuteArgs& args, cudaStream_t stream, PermuteKernel kernel) {
@@ -343,11 +356,13 @@ void launch_permute(const PermuteArgs& args, cudaStream_t stream, PermuteKernel 
   const int64_t rounding_blocks = (args.rounding.items + threads - 1) / threads;
   K3MOE_CHECK(rounding_blocks < (int64_t(1) << 31), "the MXFP8 rounding takes ", args.rounding.items,
               " items, more than one launch's blocks of ", threads);
-  const int smem = smem_bytes(kernel == PermuteKernel::Warp ? 0 : kWarps, args.num_local);
   if (kernel == PermuteKernel::Warp)
-    return launch_dependent(permute_warp_kernel, dim3(unsigned(1 + rounding_blocks)), threads, smem, stream, args);
+    return launch_dependent(permute_warp_kernel, dim3(unsigned(1 + rounding_blocks)), threads,
+                            smem_bytes(0, args.num_local, int(slots)), stream, args);
   if (kernel == PermuteKernel::Block)
-    return launch_dependent(permute_block_kernel, dim3(unsigned(1 + rounding_blocks)), threads, smem, stream, args);
+    return launch_dependent(permute_block_kernel, dim3(unsigned(1 + rounding_blocks)), threads,
+                            smem_bytes(kWarps, args.num_local, int(slots)), stream, args);
+  const int smem = smem_bytes(kWarps, args.num_local);
   K3MOE_CHECK(args.block_rows != nullptr, "the large permutation needs its scratch (PermuteArgs::block_rows)");
   launch_dependent(permute_large_count_kernel, dim3(unsigned(kPermuteLargeBlocks + rounding_blocks)), threads, smem,
                    stream, args);
