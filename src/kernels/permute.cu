@@ -11,7 +11,7 @@
 //          again per warp and hands out its rows (pass 2 walks the slots again).
 // NOTE: the warp and block kernels keep their loops rolled: the ids land in shared memory by
 // cp.async (all in flight at once) and each slot keeps its rank there between the passes. Unrolled
-// (the ranks in registers; ~5,000 instructions per kernel), the one-warp kernel ended 0.3-0.7 us
+// (the ranks in registers; 2,600 instructions per kernel), the one-warp kernel ended 0.3-0.7 us
 // later; four rounds at a time helped only where a warp has exactly four (bench/NOTES.md,
 // Session 24).
 // Blocks past the permutation's in the (first) launch run PermuteArgs::rounding instead, one item

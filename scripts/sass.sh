@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The SASS of k3moe's kernels, read on any machine (no GPU): cuobjdump from the CUDA toolkit when it
+# has one, else from PyPI's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels, unpacked once
+# into .deps/cuobjdump.
+#
+#   scripts/sass.sh FILE [FUNCTION_REGEX]
+#
+# FILE: an object (build*/src/CMakeFiles/k3moe.dir/kernels/*.cu.o), the library or a binary.
+# Without a regex: one line per kernel, its instruction count and its demangled name. With one: the
+# SASS of the kernels whose mangled name matches it (e.g. 'permute_block_kernel').
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+file=${1:?usage: scripts/sass.sh FILE [FUNCTION_REGEX]}
+pattern=${2:-}
+
+tool=$(command -v cuobjdump || true)
+[ -z "$tool" ] && [ -x /usr/local/cuda/bin/cuobjdump ] && tool=/usr/local/cuda/bin/cuobjdump
+if [ -z "$tool" ]; then  # cuobjdump -sass runs nvdisasm: both from PyPI, side by side
+  deps="$root/.deps/cuobjdump"
+  if [ ! -x "$deps/bin/cuobjdump" ] || [ ! -x "$deps/bin/nvdisasm" ]; then
+    echo "sass.sh: no cuobjdump here; fetching PyPI's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm into $deps" >&2
+    mkdir -p "$deps/bin"
+    for package in cuobjdump nvdisasm; do
+      python3 -m pip download -q --no-deps --disable-pip-version-check "nvidia-cuda-$package>=13,<14" -d "$deps"
+      python3 -m zipfile -e "$(ls "$deps"/nvidia_cuda_"$package"-*.whl | head -n 1)" "$deps/unpacked"
+      cp "$(find "$deps/unpacked" -name "$package" -type f | head -n 1)" "$deps/bin/$package"
+      chmod +x "$deps/bin/$package"
+    done
+  fi
+  tool="$deps/bin/cuobjdump"
+  export PATH="$deps/bin:$PATH"
+fi
+
+if [ -z "$pattern" ]; then
+  "$tool" -sass "$file" |
+    awk '/Function : /{if (name != "") print n, name; name = $3; n = 0} /^ +\/\*[0-9a-f]+\*\/ /{n++}
+         END{if (name != "") print n, name}' |
+    c++filt | sort -k2
+else
+  "$tool" -sass "$file" | awk -v re="$pattern" '/Function : /{keep = ($3 ~ re)} keep'
+fi
