@@ -173,7 +173,7 @@ __device__ __forceinline__ void write_row(const PermuteArgs& a, Slot slot, int32
 // passes.
 __global__ void __launch_bounds__(kThreads, 1) permute_block_kernel(PermuteArgs a) {
   const auto [warp_rows, expert_rows] = block_counts(a);
-  int32_t* s_entry = expert_rows + a.num_local;  // [slots]
+  int32_t* s_entry = expert_rows + a.num_local;  // [slots]: ids, then entries
   if (!start_permutation_block(a)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int slots = a.tokens * a.top_k;
@@ -285,27 +285,27 @@ constexpr int kWarpAutoSlots = 128;  // beyond, the block kernel is faster (Sess
 constexpr int kBlockAutoSlots = 4096;
 
 __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
-  extern __shared__ int32_t next_row[];  // [num_local]: counts, then each expert's next row; then the entries
-  int32_t* s_entry = next_row + a.num_local;  // [slots]
+  extern __shared__ int32_t expert_rows[];  // [num_local]: rows per expert, then each one's first row
+  int32_t* s_entry = expert_rows + a.num_local;  // [slots]: ids, then entries
   if (!start_permutation_block(a)) return;
   const int lane = threadIdx.x;
   const int slots = a.tokens * a.top_k;
-  load_warp_ids(a, s_entry, 0, slots, next_row);
-  rank_warp_slots(a, s_entry, 0, slots, next_row);
+  load_warp_ids(a, s_entry, 0, slots, expert_rows);
+  rank_warp_slots(a, s_entry, 0, slots, expert_rows);
 
   // Experts 32 at a time: inclusive scans of rows and tiles give each expert's first row and
   // first tile; its tiles go to the schedule.
   int rows_before = 0, tiles_before = 0;
   for (int e0 = 0; e0 < a.num_local; e0 += 32) {
     const int e = e0 + lane;
-    const int count = e < a.num_local ? next_row[e] : 0;
+    const int count = e < a.num_local ? expert_rows[e] : 0;
     const int tiles = (count + a.tile_rows - 1) / a.tile_rows;
     const int2 incl = warp_inclusive_sum(make_int2(count, tiles), lane);
     const int rows_incl = incl.x, tiles_incl = incl.y;
     const int first_row = rows_before + rows_incl - count, first_tile = tiles_before + tiles_incl - tiles;
     if (e < a.num_local) {
       a.expert_offset[e] = first_row;
-      next_row[e] = first_row;
+      expert_rows[e] = first_row;
       write_tiles(a, e, first_row, count, first_tile);
     }
     rows_before += __shfl_sync(0xFFFFFFFFu, rows_incl, 31);
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(32, 1) permute_warp_kernel(PermuteArgs a) {
 #pragma unroll 1
   for (int s = lane; s < slots; s += 32) {
     const int32_t entry = s_entry[s];
-    write_row(a, s, entry < 0 ? -1 : next_row[entry_expert(entry)] + entry_rank(entry));
+    write_row(a, s, entry < 0 ? -1 : expert_rows[entry_expert(entry)] + entry_rank(entry));
   }
   end_permutation_warp(a);
 }
