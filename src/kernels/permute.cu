@@ -73,7 +73,8 @@ __device__ __forceinline__ void load_warp_ids(const PermuteArgs& a, int32_t* s_e
   for (int s = begin + lane; s < end; s += 32) ptx::cp_async_4(s_entry + s, a.ids + s);
 #pragma unroll 1
   for (int e = lane; e < a.num_local; e += 32) counts[e] = 0;
-  ptx::cp_async_wait_all();
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
   __syncwarp();
 }
 
