@@ -96,6 +96,16 @@ __device__ __forceinline__ void rank_warp_slots(const PermuteArgs& a, int32_t* s
   }
 }
 
+// The block kernel's scans shuffle one value where one is needed, and only in the warps that hold
+// one: with all 32 warps shuffling, each block-wide scan took ~0.4 us (bench/NOTES.md, Session 24).
+__device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
+#pragma unroll 1
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int x = __shfl_up_sync(0xFFFFFFFFu, v, offset);
+    if (lane >= offset) v += x;
+  }
+  return v;
+}
 __device__ __forceinline__ int2 warp_inclusive_sum(int2 v, int lane) {
 #pragma unroll 1
   for (int offset = 1; offset < 32; offset *= 2) {
@@ -122,20 +132,25 @@ __device__ __forceinline__ void assign_first_rows(const PermuteArgs& a, int32_t*
   // Per expert, lane w holds warp w's count: an exclusive prefix over the warps.
   for (int e = warp; e < a.num_local; e += kWarps) {
     const int32_t count = warp_rows[lane * a.num_local + e];
-    const int32_t upto = warp_inclusive_sum(make_int2(count, 0), lane).x;
+    const int32_t upto = warp_inclusive_sum(count, lane);
     warp_rows[lane * a.num_local + e] = upto - count;
     if (lane == 31) expert_rows[e] = upto;
   }
   __syncthreads();
-  // Thread e: expert e's rows and tiles, an exclusive scan over the block (warps, then warp sums).
+  // Thread e: expert e's rows and tiles, an exclusive scan over the warps that hold experts, then
+  // over their sums (the other warps only meet the barriers).
   __shared__ int2 s_warp_sums[kWarps];
-  const int e = threadIdx.x;
+  const int e = threadIdx.x, expert_warps = (a.num_local + 31) / 32;
   const int32_t rows = e < a.num_local ? expert_rows[e] : 0;
   const int32_t tiles = (rows + a.tile_rows - 1) / a.tile_rows;
-  int2 incl = warp_inclusive_sum(make_int2(rows, tiles), lane);
-  if (lane == 31) s_warp_sums[warp] = incl;
+  int2 incl = make_int2(0, 0);
+  if (warp < expert_warps) {
+    incl = warp_inclusive_sum(make_int2(rows, tiles), lane);
+    if (lane == 31) s_warp_sums[warp] = incl;
+  }
   __syncthreads();
-  if (warp == 0) s_warp_sums[lane] = warp_inclusive_sum(s_warp_sums[lane], lane);
+  if (warp == 0)
+    s_warp_sums[lane] = warp_inclusive_sum(lane < expert_warps ? s_warp_sums[lane] : make_int2(0, 0), lane);
   __syncthreads();
   if (warp > 0) incl = make_int2(incl.x + s_warp_sums[warp - 1].x, incl.y + s_warp_sums[warp - 1].y);
   const int32_t first_row = incl.x - rows, first_tile = incl.y - tiles;
