@@ -90,9 +90,9 @@ __global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? 5 : 3) activation_
 #pragma unroll
       for (int offset = 1; offset < kGroupLanes; offset *= 2)
         amax_bits = max(amax_bits, __shfl_xor_sync(0xFFFFFFFFu, amax_bits, offset));
-      const uint8_t s = mx_scale_round_up(bits_float(amax_bits), kE4M3Max);
+      const Mxfp8Scale scale(mx_scale_round_up(bits_float(amax_bits), kE4M3Max));
 #pragma unroll
-      for (int i = 0; i < kVector; ++i) v[i] = round_to_mxfp8(v[i], s);
+      for (int i = 0; i < kVector; i += 2) scale.round2(v[i], v[i + 1]);
     }
     const uint2 packed{uint32_t(float_to_bf16_bits(v[0])) | (uint32_t(float_to_bf16_bits(v[1])) << 16),
                        uint32_t(float_to_bf16_bits(v[2])) | (uint32_t(float_to_bf16_bits(v[3])) << 16)};

@@ -234,10 +234,10 @@ __device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOu
       for (int q = 0; q < T::kNT; ++q)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint8_t s = mx_scale_round_up(bits_float(amax_bits[q][h]), kE4M3Max);
+          const Mxfp8Scale scale(mx_scale_round_up(bits_float(amax_bits[q][h]), kE4M3Max));
+          static_assert(T::kMTiles % 2 == 0);
 #pragma unroll
-          for (int i = 0; i < T::kMTiles; ++i)
-            v[i][q][h] = round_to_mxfp8(v[i][q][h], s);
+          for (int i = 0; i < T::kMTiles; i += 2) scale.round2(v[i][q][h], v[i + 1][q][h]);
         }
     }
     const int out_cols = a.N / 2, j0 = unit.row0 / 2 + warp * T::kMTiles * 8 + g;
