@@ -97,7 +97,8 @@ __device__ __forceinline__ void rank_warp_slots(const PermuteArgs& a, int32_t* s
 }
 
 // The block kernel's scans shuffle one value where one is needed, and only in the warps that hold
-// one: with all 32 warps shuffling, each block-wide scan took ~0.4 us (bench/NOTES.md, Session 24).
+// one (with all 32 warps shuffling two, the stage ended 0.3 us later at ep16 T = 256; bench/NOTES.md,
+// Sessions 24-25).
 __device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
 #pragma unroll 1
   for (int offset = 1; offset < 32; offset *= 2) {
