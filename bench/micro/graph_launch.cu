@@ -23,19 +23,13 @@ namespace {
 
 __device__ unsigned long long g_first_start, g_last_end;
 
-__device__ __forceinline__ unsigned long long now() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __global__ void stage(bool first, bool last, bool dependent) {
-  if (first && threadIdx.x == 0) atomicMin(&g_first_start, now());
+  if (first && threadIdx.x == 0) atomicMin(&g_first_start, k3moe::ptx::globaltimer());
   if (dependent) {
     k3moe::ptx::griddepcontrol_wait();
     k3moe::ptx::griddepcontrol_launch_dependents();
   }
-  if (last && threadIdx.x == 0) atomicMax(&g_last_end, now());
+  if (last && threadIdx.x == 0) atomicMax(&g_last_end, k3moe::ptx::globaltimer());
 }
 
 void check(cudaError_t e) {

@@ -20,12 +20,6 @@ namespace {
 
 __device__ unsigned long long g_writer_end, g_next_start;
 
-__device__ __forceinline__ unsigned long long now() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __global__ void writer(float* dst, long long floats, bool read_only, float* sink) {
   k3moe::ptx::griddepcontrol_launch_dependents();
   const long long stride = (long long)gridDim.x * blockDim.x;
@@ -41,12 +35,12 @@ __global__ void writer(float* dst, long long floats, bool read_only, float* sink
   }
   if (acc == 12345.0f) *sink = acc;
   __syncthreads();
-  if (threadIdx.x == 0) atomicMax(&g_writer_end, now());
+  if (threadIdx.x == 0) atomicMax(&g_writer_end, k3moe::ptx::globaltimer());
 }
 
 __global__ void next(bool dependent) {
   if (dependent) k3moe::ptx::griddepcontrol_wait();
-  if (threadIdx.x == 0) atomicMin(&g_next_start, now());
+  if (threadIdx.x == 0) atomicMin(&g_next_start, k3moe::ptx::globaltimer());
 }
 
 void check(cudaError_t e) {

@@ -5,13 +5,12 @@
 #include <cstdint>
 
 #include "k3moe/stage_times.h"
+#include "kernels/sm90/ptx.cuh"
 
 namespace k3moe::kernels {
 
 __device__ __forceinline__ void mark(uint64_t* field) {
-  uint64_t now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  atomicMax(reinterpret_cast<unsigned long long*>(field), static_cast<unsigned long long>(now));
+  atomicMax(reinterpret_cast<unsigned long long*>(field), static_cast<unsigned long long>(ptx::globaltimer()));
 }
 
 // Thread 0 of each CTA, at the kernel's entry.
