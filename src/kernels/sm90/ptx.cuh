@@ -102,8 +102,6 @@ __device__ __forceinline__ uint32_t lanemask_lt() {
 
 namespace k3moe::ptx {
 
-// Programmatic dependent launch (sm_90): block until the grids this one depends on have finished
-// and their memory is visible; a no-op when launched without the attribute.
 // The GPU's global nanosecond timer (one clock for every SM).
 __device__ __forceinline__ uint64_t globaltimer() {
   uint64_t t;
@@ -111,6 +109,8 @@ __device__ __forceinline__ uint64_t globaltimer() {
   return t;
 }
 
+// Programmatic dependent launch (sm_90): block until the grids this one depends on have finished
+// and their memory is visible; a no-op when launched without the attribute.
 __device__ __forceinline__ void griddepcontrol_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 // Ask L1 for the line of `p` (no register, no wait).
 __device__ __forceinline__ void prefetch_l1(const void* p) {
