@@ -209,8 +209,8 @@ TEST(ActivationStage, ItsCtasFitBesideThreeEightTokenGemm1Ctas) {
         << splits << " splits: GEMM1 " << gemm.numRegs << " registers x " << gemm.maxThreadsPerBlock
         << " threads, " << act_ctas << " activation CTAs of " << act.numRegs << " x " << act_threads;
     EXPECT_LE(gemm_ctas * gemm.maxThreadsPerBlock + act_ctas * act_threads, threads) << splits << " splits";
-    EXPECT_LE(gemm_ctas * (gemm_dynamic + gemm.sharedSizeBytes + reserved) + act_ctas * (act.sharedSizeBytes + reserved),
-              size_t(smem))
+    const size_t gemm_smem = gemm_ctas * (gemm_dynamic + gemm.sharedSizeBytes + reserved);
+    EXPECT_LE(gemm_smem + act_ctas * (act.sharedSizeBytes + reserved), size_t(smem))
         << splits << " splits: GEMM1 " << gemm_dynamic + gemm.sharedSizeBytes << " bytes, activation "
         << act.sharedSizeBytes;
   }
