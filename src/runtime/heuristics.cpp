@@ -20,13 +20,23 @@ namespace {
 // written, read and summed by a later stage) go to fewer ranges. With `min_waves`, a split (when
 // one is allowed) gives at least that many units per CTA: GEMM2's CTAs start behind GEMM1's tail
 // (programmatic dependent launch), and the first to start would otherwise take every unit while
-// the SMs that free up last idle. From four waves of units on, K stays whole: balance is within a
-// quarter wave, and the partial rows grow with the tokens. Measured on the H200: bench/NOTES.md.
+// the SMs that free up last idle. From two such waves the smallest split that gives them wins: with
+// two or more units per CTA the counter evens out the partial wave the count above charges (CTAs
+// finish their units up to ~10 us apart: per-SM rates differ), while every extra range adds units
+// and partial rows (local28 T = 1, GEMM2: 4 ranges 75.6-76.3 / 76.3-76.7 us a16 / mxfp8 against the
+// count's 5, 77.0-77.9 / 77.8-78.6, four rounds; 6 and 8 in between. EP32 T = 8, GEMM1: 10 ranges
+// against 7 and 14.) From four waves of units on, K stays whole: balance is within a quarter
+// wave, and the partial rows grow with the tokens. Measured on the H200: bench/NOTES.md.
 int choose_splits(double units, int chunks, double ctas, int max_splits, double penalty, double min_waves) {
   if (units >= 4.0 * ctas) return 1;
+  const int most = std::max(1, std::min(chunks, max_splits));
+  if (min_waves >= 2.0) {
+    int s = 1;
+    while (s < most && units * s < min_waves * ctas) ++s;
+    return s;
+  }
   int best = 0;
   double best_cost = 0.0;
-  const int most = std::max(1, std::min(chunks, max_splits));
   for (int s = 1; s <= most; ++s) {
     if (s < most && units * s < min_waves * ctas) continue;
     const double per_cta = std::ceil(units * s / ctas) * std::ceil(double(chunks) / s);

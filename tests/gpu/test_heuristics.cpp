@@ -46,6 +46,9 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(one.gemm2_warps, 4);
   EXPECT_EQ(one.gemm1_splits, 1);
   EXPECT_GE(one.gemm2_splits * 16 * 14, 2 * 396);
+  // The fewest ranges that give two waves of units (measured against the chunk count's 5; the
+  // comment of choose_splits).
+  EXPECT_EQ(one.gemm2_splits, 4);
   // GEMM1's K: whole from 2 waves of units (EP16 T = 256: 55 experts, 3.4 waves), two ranges from
   // 1.5 (T = 8: 27.5 expected experts x 24 units, 1.7 waves; GEMM2 then from one wave: 2 ranges),
   // the cost model's ranges below (EP32 T = 64: 19 experts, 1.2 waves: 4 ranges of 7 chunks, 5 per
