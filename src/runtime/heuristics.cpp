@@ -24,8 +24,8 @@ namespace {
 // two or more units per CTA the counter evens out the partial wave the count above charges (CTAs
 // finish their units up to ~10 us apart: per-SM rates differ), while every extra range adds units
 // and partial rows (local28 T = 1, GEMM2: 4 ranges 75.6-76.3 / 76.3-76.7 us a16 / mxfp8 against the
-// count's 5, 77.0-77.9 / 77.8-78.6, four rounds; 6 and 8 in between. EP32 T = 8, GEMM1: 10 ranges
-// against 7 and 14.) From four waves of units on, K stays whole: balance is within a quarter
+// count's 5, 77.0-77.9 / 77.8-78.6, four rounds; 6 and 8 in between. EP32 T = 8, GEMM1: 9 ranges
+// as fast as the count's 10, 7 5 us slower.) From four waves of units on, K stays whole: balance is within a quarter
 // wave, and the partial rows grow with the tokens. Measured on the H200: bench/NOTES.md.
 int choose_splits(double units, int chunks, double ctas, int max_splits, double penalty, double min_waves) {
   if (units >= 4.0 * ctas) return 1;
@@ -121,8 +121,9 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   // 100.5-100.8 / 115.0-115.2, K whole 111 / 133; bench/NOTES.md, Sessions 10-11).
   const double units1 = tiles * std::ceil(2.0 * c.intermediate / rows_per_cta);
   const int chunks1 = c.hidden / kernels::kGemmChunkK;
-  // Below half a wave, two units per CTA at least, as GEMM2 (ep32 T = 8, 90 units: 10 ranges
-  // 42.6 / 44.8 us a16 / mxfp8 against 45.8 / 48.3 with 4; bench/NOTES.md, Session 10).
+  // Below half a wave, two units per CTA at least, as GEMM2 (ep32 T = 8, 90 units: 9 ranges; 10
+  // ran 42.6 / 44.8 us a16 / mxfp8 against 45.8 / 48.3 with 4, and 9 as fast as 10; bench/NOTES.md,
+  // Sessions 10 and 26).
   k.gemm1_splits = units1 >= 2.0 * target   ? 1
                    : units1 >= 1.5 * target ? std::min(2, chunks1)
                                             : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5,
