@@ -25,7 +25,7 @@ namespace {
 // finish their units up to ~10 us apart: per-SM rates differ), while every extra range adds units
 // and partial rows (local28 T = 1, GEMM2: 4 ranges 75.6-76.3 / 76.3-76.7 us a16 / mxfp8 against the
 // count's 5, 77.0-77.9 / 77.8-78.6, four rounds; 6 and 8 in between. EP32 T = 8, GEMM1: 9 ranges
-// as fast as the count's 10, 7 5 us slower.) From four waves of units on, K stays whole: balance is within a quarter
+// as fast as the count's 10; 7, with GEMM2's 6, 5 us slower.) From four waves of units on, K stays whole: balance is within a quarter
 // wave, and the partial rows grow with the tokens. Measured on the H200: bench/NOTES.md.
 int choose_splits(double units, int chunks, double ctas, int max_splits, double penalty, double min_waves) {
   if (units >= 4.0 * ctas) return 1;
