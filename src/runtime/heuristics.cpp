@@ -20,13 +20,14 @@ namespace {
 // written, read and summed by a later stage) go to fewer ranges. With `min_waves`, a split (when
 // one is allowed) gives at least that many units per CTA: GEMM2's CTAs start behind GEMM1's tail
 // (programmatic dependent launch), and the first to start would otherwise take every unit while
-// the SMs that free up last idle. From two such waves the smallest split that gives them wins: with
-// two or more units per CTA the counter evens out the partial wave the count above charges (CTAs
-// finish their units up to ~10 us apart: per-SM rates differ), while every extra range adds units
-// and partial rows (local28 T = 1, GEMM2: 4 ranges 75.6-76.3 / 76.3-76.7 us a16 / mxfp8 against the
-// count's 5, 77.0-77.9 / 77.8-78.6, four rounds; 6 and 8 in between. EP32 T = 8, GEMM1: 9 ranges
-// as fast as the count's 10; 7, with GEMM2's 6, 5 us slower.) From four waves of units on, K stays whole: balance is within a quarter
-// wave, and the partial rows grow with the tokens. Measured on the H200: bench/NOTES.md.
+// the SMs that free up last idle. From two such waves on, the fewest ranges that give them win:
+// with two or more units per CTA the counter evens out the partial wave the count above charges
+// (CTAs end their units up to ~10 us apart: per-SM rates differ), while every extra range adds
+// units and partial rows (local28 T = 1, GEMM2: 4 ranges 75.6-76.3 / 76.3-76.7 us a16 / mxfp8
+// against the count's 5, 77.0-77.9 / 77.8-78.6, four rounds; 6 and 8 in between; EP32 T = 8,
+// GEMM1: 9 ranges as fast as the count's 10; 7, with GEMM2's 6, 5 us slower). From four waves of
+// units on, K stays whole: balance is within a quarter wave, and the partial rows grow with the
+// tokens. Measured on the H200: bench/NOTES.md.
 int choose_splits(double units, int chunks, double ctas, int max_splits, double penalty, double min_waves) {
   if (units >= 4.0 * ctas) return 1;
   const int most = std::max(1, std::min(chunks, max_splits));
