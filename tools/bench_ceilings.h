@@ -23,7 +23,8 @@ struct Ceilings {
   double l2_mb = 0.0;
 };
 
-Ceilings measure_ceilings(int device);
+// sustain_ms: each ceiling is timed after that long of back-to-back calls (bench_timing.h).
+Ceilings measure_ceilings(int device, double sustain_ms);
 
 // Reads `bytes` of random data with 16-byte streaming loads, nothing else; the best of a few
 // launch shapes. Successive reads start at rotating offsets of a 2 GiB buffer so that L2 does not
@@ -31,7 +32,7 @@ Ceilings measure_ceilings(int device);
 class StreamingRead {
  public:
   StreamingRead();
-  double median_us(double bytes, cudaStream_t stream);
+  double median_us(double bytes, cudaStream_t stream, double sustain_ms);
 
  private:
   DeviceBuffer buffer_, sink_;

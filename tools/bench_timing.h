@@ -1,9 +1,13 @@
 // Event timing for the benchmarks: warm up, then time each call with CUDA events; the median.
+// With sustain_ms > 0 the calls first run back to back for that long, so that what is timed runs
+// in the GPU's steady state under load (on the H200 the forward reaches its 700 W power limit
+// within ~100 ms and the SM clock drops from 1980 MHz to 1.3-1.7 GHz; bench/NOTES.md, Session 28).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "runtime/cuda_check.h"
@@ -17,7 +21,17 @@ struct Timing {
 };
 
 template <class Fn>
-Timing time_ms(cudaStream_t stream, int warmup, int repeats, Fn&& fn) {
+void sustain(cudaStream_t stream, double sustain_ms, Fn&& fn) {
+  const auto begin = std::chrono::steady_clock::now();
+  for (int i = 0; std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count() < sustain_ms;) {
+    for (int j = 0; j < 8; ++j) fn(i++);
+    K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+}
+
+template <class Fn>
+Timing time_ms(cudaStream_t stream, int warmup, int repeats, Fn&& fn, double sustain_ms = 0.0) {
+  sustain(stream, sustain_ms, fn);
   for (int i = 0; i < warmup; ++i) fn(i);
   cudaEvent_t start, stop;
   K3MOE_CUDA_CHECK(cudaEventCreate(&start));

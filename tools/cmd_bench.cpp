@@ -96,6 +96,7 @@ struct Options {
   std::string kernel = "auto";
   bool explain = false;
   bool stages = false;
+  double sustain_ms = 0.0;  // 0: burst timing (a few warm-up calls); > 0: steady state under load
 };
 
 Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
@@ -182,10 +183,10 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
 
   const Timing t_ids = time_ms(stream, 5, kRepeats, [&](int i) {
     sets[i % kInputSets]->with_ids.launch(stream);
-  });
+  }, o.sustain_ms);
   const Timing t_logits = time_ms(stream, 5, kRepeats, [&](int i) {
     sets[i % kInputSets]->with_logits.launch(stream);
-  });
+  }, o.sustain_ms);
   row.us_ids = 1000.0 * t_ids.median_ms;
 
   row.us_logits = 1000.0 * t_logits.median_ms;
@@ -195,7 +196,8 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
     row.stages = measure_stage_spans(stream, stage_records, kRepeats,
                                      [&](int i) { sets[i % kInputSets]->with_stage_times.launch(stream); });
   if (baseline) {
-    const Timing t_base = time_ms(stream, 3, kRepeats, [&](int i) { baseline->launch(i % kInputSets, stream); });
+    const Timing t_base =
+        time_ms(stream, 3, kRepeats, [&](int i) { baseline->launch(i % kInputSets, stream); }, o.sustain_ms);
     row.baseline_us = 1000.0 * t_base.median_ms;
     K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     // The baseline must compute the same function: its output against ours (bf16 intermediates
@@ -212,7 +214,7 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   const double matrix_tflops = c.mode == Mode::A16 ? ceil.bf16_tflop_s : ceil.fp8_tflop_s;
   row.floor_us = std::max(row.bytes / (ceil.copy_tb_s * 1e12), row.flops / (matrix_tflops * 1e12)) * 1e6;
   row.floor_ratio = row.floor_us / row.us_ids;
-  row.read_us = read.median_us(row.bytes, stream);
+  row.read_us = read.median_us(row.bytes, stream, o.sustain_ms);
   return row;
 }
 
@@ -241,11 +243,16 @@ void bench(const Options& o) {
           cases.push_back({o.shape, t, mode});
 
   std::printf("measuring ceilings (device copy, cuBLASLt bf16 and fp8 8192^3)...\n");
-  const Ceilings ceil = measure_ceilings(0);
+  const Ceilings ceil = measure_ceilings(0, o.sustain_ms);
   std::printf("%s, %d SMs, %.0f MB L2, driver %d, commit %s\n", ceil.gpu_name.c_str(), ceil.sm_count, ceil.l2_mb,
               ceil.driver_version, o.commit.c_str());
   std::printf("ceilings: copy %.2f TB/s, bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s\n\n", ceil.copy_tb_s, ceil.bf16_tflop_s,
               ceil.fp8_tflop_s);
+  if (o.sustain_ms > 0)
+    std::printf("timing: every series after %.0f ms of back-to-back calls (the GPU's steady state under load)\n",
+                o.sustain_ms);
+  else
+    std::printf("timing: burst (a few warm-up calls; the GPU has not reached its power limit)\n");
   std::printf("read/t: a kernel that only streams the same bytes, over this case's time (1.0 = as fast as a pure read)\n");
   std::printf("%-8s %5s %-6s %6s %9s %9s %7s %8s %6s %9s %7s %10s %9s %7s %6s\n", "shape", "T", "mode", "experts", "us",
               "us+route", "TB/s", "TFLOP/s", "floor", "floor/t", "read/t", "baseline", "speedup", "spread", "base-d");
@@ -285,7 +292,10 @@ void bench(const Options& o) {
     j["commit"] = o.commit;
     j["date"] = today();
     j["ceilings"] = {{"copy_tb_s", ceil.copy_tb_s}, {"bf16_tflop_s", ceil.bf16_tflop_s}, {"fp8_tflop_s", ceil.fp8_tflop_s}};
-    j["protocol"] = {{"input_sets", kInputSets}, {"repeats", kRepeats}, {"timing", "CUDA graph replay, events, median"}};
+    j["protocol"] = {{"input_sets", kInputSets},
+                     {"repeats", kRepeats},
+                     {"timing", "CUDA graph replay, events, median"},
+                     {"sustain_ms", o.sustain_ms}};
     for (const Row& r : rows) {
       j["rows"].push_back({{"shape", r.c.shape},
                            {"tokens", r.c.tokens},
@@ -336,6 +346,10 @@ void register_bench(CLI::App& app) {
       ->check(CLI::IsMember({0, 8, 16, 24, 32, 64, 96, 128}));
   cmd->add_option("--kernel", o->kernel, "Force the expert GEMMs' kernel: auto, mmasync or wgmma")
       ->check(CLI::IsMember({"auto", "mmasync", "wgmma"}));
+  cmd->add_option("--sustain-ms", o->sustain_ms,
+                  "Run each timed call (forward, ceiling, pure read, baseline) back to back for this long before "
+                  "timing it: the GPU's steady state under load (power-limited); 0: burst timing")
+      ->capture_default_str();
   cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");
   cmd->add_flag("--stages", o->stages,
                 "Print when each stage ran in the replayed graph (medians; a separate graph with stage_times)");
