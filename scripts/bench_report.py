@@ -2,10 +2,13 @@
 """The benchmark's JSON (`k3moe bench --json`) as the README's table, or two runs side by side.
 
   scripts/bench_report.py table DECODE.json [PREFILL.json ...]   the README's Markdown table
+  scripts/bench_report.py sustained BURST.json ... --sustained SUSTAINED.json ...
+                                                                  the README's table of the same rows
+                                                                  under sustained load (bench --sustain-ms)
   scripts/bench_report.py compare A.json B.json                   per row: A and B us, B / A - 1
 
-Only the standard library; tests/python/test_bench_report.py checks both and that the README's
-table is the one its "Latest run" JSON gives.
+Only the standard library; tests/python/test_bench_report.py checks them and that the README's
+tables are the ones its "Latest run" JSON gives.
 """
 import argparse
 import json
@@ -71,6 +74,26 @@ def table(paths):
     return lines
 
 
+SUSTAINED_HEADER = ("| shape | T | mode | µs burst | µs sustained | change | floor/t burst | floor/t sustained "
+                    "| TFLOP/s sustained |")
+SUSTAINED_RULE = "|" + "---|" * 9
+
+
+def sustained(burst_paths, sustained_paths):
+    """Each sustained row beside the burst row of the same case; floor/t against each run's own ceilings."""
+    burst = {key(r): r for path in burst_paths for r in load_rows(path)}
+    lines = [SUSTAINED_HEADER, SUSTAINED_RULE]
+    for path in sustained_paths:
+        for s in load_rows(path):
+            b = burst.get(key(s))
+            if b is None:
+                raise ReportError(f"{path}: {key(s)} has no burst row in {', '.join(burst_paths)}")
+            lines.append("| {0} | {1} | {2} | {3:.1f} | {4:.1f} | {5:+.1f} % | {6:.3f} | {7:.3f} | {8:.1f} |".format(
+                *key(s), b["us"], s["us"], 100.0 * (s["us"] / b["us"] - 1.0), b["floor_ratio"], s["floor_ratio"],
+                s["tflop_s"]))
+    return lines
+
+
 def compare(path_a, path_b):
     rows_a = {key(r): r for r in load_rows(path_a)}
     rows_b = load_rows(path_b)
@@ -97,12 +120,20 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("table", help="the README's Markdown table from one or more bench JSON files")
     t.add_argument("json", nargs="+")
+    s = sub.add_parser("sustained", help="burst and sustained-load runs of the same cases side by side")
+    s.add_argument("burst", nargs="+")
+    s.add_argument("--sustained", nargs="+", required=True)
     c = sub.add_parser("compare", help="two bench JSON files row by row")
     c.add_argument("a")
     c.add_argument("b")
     args = parser.parse_args(argv)
     try:
-        lines = table(args.json) if args.command == "table" else compare(args.a, args.b)
+        if args.command == "table":
+            lines = table(args.json)
+        elif args.command == "sustained":
+            lines = sustained(args.burst, args.sustained)
+        else:
+            lines = compare(args.a, args.b)
     except ReportError as e:
         print(f"bench_report: {e}", file=sys.stderr)
         return 2

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One command on the GPU machine: build (unless prebuilt binaries are given), run the GPU tests,
-# the validation matrix, the sanitizers and the benchmark; logs and JSON go to OUTDIR, and a
-# summary table is printed last.
+# the validation matrix, the sanitizers and the benchmark (burst timing, and again under sustained
+# load: `bench --sustain-ms`); logs and JSON go to OUTDIR, and a summary table is printed last.
 #
-#   scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps tests,validate,sanitize,bench] [--commit SHA] [--pack]
+#   scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps tests,validate,sanitize,bench,sustained] [--commit SHA] [--pack]
 #
 # --bin DIR: a directory holding prebuilt `k3moe` and `k3moe_gpu_tests` (skips the build).
-# --pack: at the end, the logs go into OUTDIR/logs.tgz, so that OUTDIR holds four files (the device
+# --pack: at the end, the logs go into OUTDIR/logs.tgz, so that OUTDIR holds six files (the device
 # tool brings back a limited number of files per call).
 # Without it, the build needs the DLPack header: either installed, or libdlpack-dev*.deb in .deps/
 # (unpacked into .deps/prefix, never into /).
@@ -14,7 +14,7 @@ set -uo pipefail
 
 out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps LIST] [--commit SHA] [--pack]}
 shift
-bin="" steps="tests,validate,sanitize,bench" commit=$(git rev-parse HEAD 2>/dev/null || echo unknown) pack=0
+bin="" steps="tests,validate,sanitize,bench,sustained" commit=$(git rev-parse HEAD 2>/dev/null || echo unknown) pack=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -101,6 +101,19 @@ if want bench; then
   record bench "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(( $(date +%s) - start )) s"
   [ $rc = 0 ] || status=1
   echo; cat "$out/bench-decode.log" "$out/bench-prefill.log" | grep -vE '^\s*generate|^\r' | tail -n 30
+fi
+
+# The same suites in the GPU's steady state: every timed series after 1 s of back-to-back calls.
+if want sustained; then
+  start=$(date +%s)
+  "$k3moe" bench --suite decode --sustain-ms 1000 --commit "$commit" --json "$out/sustained-decode.json" \
+    > "$out/sustained-decode.log" 2>&1 &&
+  "$k3moe" bench --suite prefill --sustain-ms 1000 --commit "$commit" --json "$out/sustained-prefill.json" \
+    > "$out/sustained-prefill.log" 2>&1
+  rc=$?
+  record "bench, sustained load" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(( $(date +%s) - start )) s"
+  [ $rc = 0 ] || status=1
+  echo; cat "$out/sustained-decode.log" "$out/sustained-prefill.log" | grep -vE '^\s*generate|^\r' | tail -n 30
 fi
 
 echo

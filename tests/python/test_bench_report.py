@@ -53,6 +53,17 @@ def test_compare_gives_the_change_and_rows_of_one_side(tmp_path):
     assert any("(A only)" in line and " 8 " in line for line in lines)
 
 
+def test_sustained_sets_each_case_beside_its_burst_row(tmp_path):
+    burst = write(tmp_path, "burst.json", [row(tokens=1, us=80.0, floor_ratio=0.85), row(tokens=8, us=100.0)])
+    steady = write(tmp_path, "steady.json", [row(tokens=1, us=84.0, floor_ratio=0.8)])
+    lines = bench_report.sustained([burst], [steady])
+    assert lines[:2] == [bench_report.SUSTAINED_HEADER, bench_report.SUSTAINED_RULE]
+    assert lines[2:] == ["| local28 | 1 | a16 | 80.0 | 84.0 | +5.0 % | 0.850 | 0.800 | 13.4 |"]
+    orphan = write(tmp_path, "orphan.json", [row(tokens=32)])
+    with pytest.raises(bench_report.ReportError, match=r"orphan\.json: \('local28', 32, 'a16'\) has no burst row"):
+        bench_report.sustained([burst], [orphan])
+
+
 def test_bad_input_names_the_file_and_what_is_missing(tmp_path):
     no_rows = tmp_path / "no_rows.json"
     no_rows.write_text(json.dumps({"commit": "abc"}))
@@ -74,3 +85,7 @@ def test_readme_table_is_the_one_its_latest_run_gives():
     files = [str(run) + f"-{suite}.json" for suite in ("decode", "prefill")]
     expected = "\n".join(bench_report.table(files))
     assert expected in readme, "README.md's table differs from scripts/bench_report.py table " + " ".join(files)
+    steady = [str(run) + f"-sustained-{suite}.json" for suite in ("decode", "prefill")]
+    expected = "\n".join(bench_report.sustained(files, steady))
+    assert expected in readme, ("README.md's sustained-load table differs from scripts/bench_report.py sustained "
+                                + " ".join(files) + " --sustained " + " ".join(steady))
