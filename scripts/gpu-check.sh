@@ -106,10 +106,12 @@ fi
 # The same suites in the GPU's steady state: every timed series after 1 s of back-to-back calls.
 if want sustained; then
   start=$(date +%s)
-  "$k3moe" bench --suite decode --sustain-ms 1000 --commit "$commit" --json "$out/sustained-decode.json" \
-    > "$out/sustained-decode.log" 2>&1 &&
-  "$k3moe" bench --suite prefill --sustain-ms 1000 --commit "$commit" --json "$out/sustained-prefill.json" \
-    > "$out/sustained-prefill.log" 2>&1
+  # The SM clock, power and temperature beside it, per second in power-sustained.log.
+  "$root/scripts/power-trace.sh" "$out/power-sustained.csv" bash -c '
+    "$1" bench --suite decode --sustain-ms 1000 --commit "$2" --json "$3/sustained-decode.json" \
+      > "$3/sustained-decode.log" 2>&1 &&
+    "$1" bench --suite prefill --sustain-ms 1000 --commit "$2" --json "$3/sustained-prefill.json" \
+      > "$3/sustained-prefill.log" 2>&1' _ "$k3moe" "$commit" "$out" > "$out/power-sustained.log" 2>&1
   rc=$?
   record "bench, sustained load" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(( $(date +%s) - start )) s"
   [ $rc = 0 ] || status=1
