@@ -1,7 +1,7 @@
 // Event timing for the benchmarks: warm up, then time each call with CUDA events; the median.
 // With sustain_ms > 0 the calls first run back to back for that long, so that what is timed runs
 // in the GPU's steady state under load (on the H200 the forward reaches its 700 W power limit
-// within ~100 ms and the SM clock drops from 1980 MHz to 1.3-1.7 GHz; bench/NOTES.md, Session 28).
+// within ~100 ms and the SM clock drops from 1980 MHz to 1.05-1.98 GHz; bench/NOTES.md, Session 28).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -349,6 +349,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--sustain-ms", o->sustain_ms,
                   "Run each timed call (forward, ceiling, pure read, baseline) back to back for this long before "
                   "timing it: the GPU's steady state under load (power-limited); 0: burst timing")
+      ->check(CLI::Range(0.0, 600000.0))
       ->capture_default_str();
   cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");
   cmd->add_flag("--stages", o->stages,

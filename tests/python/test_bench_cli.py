@@ -1,0 +1,23 @@
+"""`k3moe bench`'s option checks, which run before it looks for a GPU (so they hold on any machine).
+
+The k3moe binary comes from the environment variable K3MOE_BIN (ctest sets it).
+"""
+
+import os
+import subprocess
+
+import pytest
+
+
+def bench(*args):
+    path = os.environ.get("K3MOE_BIN")
+    if not path:
+        pytest.skip("K3MOE_BIN is not set (ctest sets it to the k3moe binary)")
+    return subprocess.run([path, "bench", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("value", ["-5", "abc", "700000"])
+def test_sustain_ms_outside_its_range_names_the_option_the_value_and_the_range(value):
+    result = bench("--sustain-ms", value)
+    assert result.returncode != 0
+    assert "--sustain-ms" in result.stderr and value in result.stderr and "600000" in result.stderr, result.stderr
