@@ -172,9 +172,13 @@ int main(int argc, char** argv) {
   const int stages = argc > 5 ? std::atoi(argv[5]) : 3;
   const bool sleep = argc > 6 && std::atoi(argv[6]) != 0;
   const int stage_bytes = argc > 7 ? std::atoi(argv[7]) : kMaxStageBytes;
+  if (!(mb > 0) || repeats < 1 || run < 1) {
+    std::fprintf(stderr, "MB must be > 0, repeats and run >= 1; got %g, %d, %d\n", mb, repeats, run);
+    return 2;
+  }
   if (stages < 1 || stages > kMaxStages || stage_bytes_invalid(stage_bytes, stages)) {
-    std::fprintf(stderr, "stages must be 1..%d, stage bytes a multiple of 16 in 2560..%d, 3 CTAs in 227 KB\n", kMaxStages,
-                 kMaxStageBytes);
+    std::fprintf(stderr, "stages must be 1..%d, stage bytes a multiple of 16 in 2560..%d, 3 CTAs in 227 KB\n",
+                 kMaxStages, kMaxStageBytes);
     return 2;
   }
   cudaDeviceProp prop{};
@@ -193,20 +197,21 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&d_records, grid * sizeof(CtaRecord)));
   check(cudaMalloc(&d_sink, sizeof(float)));
   check(cudaFuncSetAttribute(stream_chunks, cudaFuncAttributeMaxDynamicSharedMemorySize, stages * stage_bytes));
-  std::printf("%s, %d SMs; %d CTAs (%d per SM) of %d threads, %d stages of %d bytes; %.1f MB (%d chunks); "
-              "consumers wait %d ns per chunk\n",
-              prop.name, sms, grid, kCtasPerSm, kThreads, stages, stage_bytes, chunks * double(stage_bytes) / 1e6,
-              chunks, delay_ns);
+  std::printf(
+      "%s, %d SMs; %d CTAs (%d per SM) of %d threads, %d stages of %d bytes; %.1f MB (%d chunks); "
+      "consumers wait %d ns per chunk\n",
+      prop.name, sms, grid, kCtasPerSm, kThreads, stages, stage_bytes, chunks * double(stage_bytes) / 1e6, chunks,
+      delay_ns);
 
   for (int sched = 0; sched < 2; ++sched) {
     const int r = sched == 0 ? 0 : run;
-    std::vector<double> spans, p[5];
+    std::vector<double> spans, p[5], chunks_per_cta;
     std::vector<std::vector<double>> per_sm_runs;
     for (int rep = 0; rep < repeats + 1; ++rep) {  // the first is a warm-up
       const int zero = 0;
       check(cudaMemcpyToSymbol(g_counter, &zero, sizeof zero));
-      stream_chunks<<<grid, kThreads, stages * stage_bytes>>>(bufs[rep % kBuffers], chunks, r, stages, stage_bytes, delay_ns, sleep, d_records,
-                                                              d_sink);
+      stream_chunks<<<grid, kThreads, stages * stage_bytes>>>(bufs[rep % kBuffers], chunks, r, stages, stage_bytes,
+                                                              delay_ns, sleep, d_records, d_sink);
       check(cudaGetLastError());
       std::vector<CtaRecord> rec(grid);
       check(cudaMemcpy(rec.data(), d_records, grid * sizeof(CtaRecord), cudaMemcpyDeviceToHost));
@@ -219,6 +224,7 @@ int main(int argc, char** argv) {
       std::vector<int> sm_n(sms, 0);
       for (const auto& c : rec) {
         ends.push_back((c.end - t0) * 1e-3);
+        chunks_per_cta.push_back(c.chunks);
         sm_sum[c.smid] += (c.end - c.start) * 1e-3;
         ++sm_n[c.smid];
       }
@@ -229,12 +235,14 @@ int main(int argc, char** argv) {
       per_sm_runs.push_back(per_sm);
     }
     const double span = percentile(spans, 0.5);
-    std::printf("\n%s: span %.1f us (%.2f TB/s); CTA ends min / p10 / p50 / p90 / max: %.1f / %.1f / %.1f / %.1f / %.1f us\n",
-                sched == 0 ? "equal shares" : "counter runs", span, chunks * double(stage_bytes) / span * 1e-6,
-                percentile(p[0], 0.5), percentile(p[1], 0.5), percentile(p[2], 0.5), percentile(p[3], 0.5),
-                percentile(p[4], 0.5));
+    std::printf(
+        "\n%s: span %.1f us (%.2f TB/s); CTA ends min / p10 / p50 / p90 / max: %.1f / %.1f / %.1f / %.1f / %.1f us\n",
+        sched == 0 ? "equal shares" : "counter runs", span, chunks * double(stage_bytes) / span * 1e-6,
+        percentile(p[0], 0.5), percentile(p[1], 0.5), percentile(p[2], 0.5), percentile(p[3], 0.5),
+        percentile(p[4], 0.5));
     if (sched == 1) {
-      std::printf("  (runs of %d chunks from one counter)\n", run);
+      std::printf("  runs of %d chunks from one counter; chunks per CTA min / p50 / max: %.0f / %.0f / %.0f\n", run,
+                  percentile(chunks_per_cta, 0.0), percentile(chunks_per_cta, 0.5), percentile(chunks_per_cta, 1.0));
       continue;
     }
     // Per SM: the median over repeats of its CTAs' mean time.
@@ -244,14 +252,18 @@ int main(int argc, char** argv) {
       for (const auto& runs : per_sm_runs) v.push_back(runs[s]);
       sm_time[s] = percentile(v, 0.5);
     }
-    std::printf("  per SM (its CTAs' mean time, median of repeats): min %.1f, p10 %.1f, p50 %.1f, p90 %.1f, max %.1f us\n",
-                percentile(sm_time, 0.0), percentile(sm_time, 0.1), percentile(sm_time, 0.5), percentile(sm_time, 0.9),
-                percentile(sm_time, 1.0));
+    std::printf(
+        "  per SM (its CTAs' mean time, median of repeats): min %.1f, p10 %.1f, p50 %.1f, p90 %.1f, max %.1f us\n",
+        percentile(sm_time, 0.0), percentile(sm_time, 0.1), percentile(sm_time, 0.5), percentile(sm_time, 0.9),
+        percentile(sm_time, 1.0));
     double corr = 0;
     int pairs = 0;
-    for (size_t a = 0; a + 1 < per_sm_runs.size(); ++a, ++pairs) corr += rank_correlation(per_sm_runs[a], per_sm_runs[a + 1]);
-    std::printf("  the same SMs slow in every repeat? rank correlation of consecutive repeats: %.2f (1: always the same order)\n",
-                pairs ? corr / pairs : 0.0);
+    for (size_t a = 0; a + 1 < per_sm_runs.size(); ++a, ++pairs)
+      corr += rank_correlation(per_sm_runs[a], per_sm_runs[a + 1]);
+    std::printf(
+        "  the same SMs slow in every repeat? rank correlation of consecutive repeats: %.2f (1: always the same "
+        "order)\n",
+        pairs ? corr / pairs : 0.0);
     std::printf("  SM ids 0..%d by speed decile (0: fastest):\n  ", sms - 1);
     std::vector<double> sorted = sm_time;
     std::sort(sorted.begin(), sorted.end());
