@@ -10,12 +10,17 @@
 // time, how stable the SMs' order is between repeats (rank correlation), and a map of SM ids by
 // speed decile (0: fastest).
 // Options: delay_ns < 0 waits after the release instead of before (fragments copied out first);
-// sleep 1 sleeps through the wait instead of spinning; stage_bytes and stages vary the chunk.
+// sleep 1 sleeps through the wait instead of spinning; stage_bytes and stages vary the chunk;
+// cluster > 1 launches thread-block clusters of that many CTAs (the grid rounded down to a
+// multiple) and prints how much of the CTAs' spread in time lies inside a cluster, and the span if
+// each cluster had pooled its chunks: whether fast SMs could hand data to slower partners'
+// consumers (distributed shared memory) at all.
 // (H200, Session 29, 187 MB: 43.1-44.7 us with no wait, 47.0-48.2 at 1.1 us per chunk, whatever
 // the stage count (2-4), the release point, spinning or sleeping, or halved chunks; the same SMs
-// are fast as in the GEMMs; bench/NOTES.md.)
+// are fast as in the GEMMs. Session 32: partners in clusters of 2 are equally fast (1 % of the
+// variance inside), and only 92 clusters of 4 or 45 of 8 fit at 3 CTAs per SM; bench/NOTES.md.)
 // Build: nvcc -O3 -std=c++20 -gencode arch=compute_90a,code=sm_90a -Isrc bench/micro/sm_rates.cu
-// Run: ./a.out [MB [repeats [run [delay_ns [stages [sleep [stage_bytes]]]]]]]
+// Run: ./a.out [MB [repeats [run [delay_ns [stages [sleep [stage_bytes [cluster]]]]]]]]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -172,8 +177,13 @@ int main(int argc, char** argv) {
   const int stages = argc > 5 ? std::atoi(argv[5]) : 3;
   const bool sleep = argc > 6 && std::atoi(argv[6]) != 0;
   const int stage_bytes = argc > 7 ? std::atoi(argv[7]) : kMaxStageBytes;
+  const int cluster = argc > 8 ? std::atoi(argv[8]) : 1;
   if (!(mb > 0) || repeats < 1 || run < 1) {
     std::fprintf(stderr, "MB must be > 0, repeats and run >= 1; got %g, %d, %d\n", mb, repeats, run);
+    return 2;
+  }
+  if (cluster < 1 || cluster > 8) {
+    std::fprintf(stderr, "cluster must be 1..8 CTAs, got %d\n", cluster);
     return 2;
   }
   if (stages < 1 || stages > kMaxStages || stage_bytes_invalid(stage_bytes, stages)) {
@@ -183,7 +193,7 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0));
-  const int sms = prop.multiProcessorCount, grid = kCtasPerSm * sms;
+  const int sms = prop.multiProcessorCount, grid = kCtasPerSm * sms / cluster * cluster;
   const int chunks = int(mb * 1e6 / stage_bytes);
   // Buffers rotated so that no repeat reads what the previous one left in L2.
   constexpr int kBuffers = 4;
@@ -196,22 +206,43 @@ int main(int argc, char** argv) {
   float* d_sink;
   check(cudaMalloc(&d_records, grid * sizeof(CtaRecord)));
   check(cudaMalloc(&d_sink, sizeof(float)));
-  check(cudaFuncSetAttribute(stream_chunks, cudaFuncAttributeMaxDynamicSharedMemorySize, stages * stage_bytes));
+  // As in the GEMMs, no fourth CTA fits on an SM: small stages are padded, or the CTA scheduler
+  // (clusters above all) would place four CTAs on some SMs and leave others empty.
+  const int smem_bytes = std::max(stages * stage_bytes, int(prop.sharedMemPerMultiprocessor / (kCtasPerSm + 1)));
+  check(cudaFuncSetAttribute(stream_chunks, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  int ctas_per_sm = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, stream_chunks, kThreads, smem_bytes));
+  if (ctas_per_sm != kCtasPerSm) {
+    std::fprintf(stderr, "%d CTAs fit on an SM, not %d\n", ctas_per_sm, kCtasPerSm);
+    return 2;
+  }
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster_dim{};
+  config.gridDim = grid;
+  config.blockDim = kThreads;
+  config.dynamicSmemBytes = smem_bytes;
+  cluster_dim.id = cudaLaunchAttributeClusterDimension;
+  cluster_dim.val.clusterDim = {unsigned(cluster), 1, 1};
+  config.attrs = &cluster_dim;
+  config.numAttrs = 1;
+  int max_clusters = 0;
+  check(cudaOccupancyMaxActiveClusters(&max_clusters, stream_chunks, &config));
   std::printf(
-      "%s, %d SMs; %d CTAs (%d per SM) of %d threads, %d stages of %d bytes; %.1f MB (%d chunks); "
-      "consumers wait %d ns per chunk\n",
-      prop.name, sms, grid, kCtasPerSm, kThreads, stages, stage_bytes, chunks * double(stage_bytes) / 1e6, chunks,
-      delay_ns);
+      "%s, %d SMs; %d CTAs (%d per SM) of %d threads in clusters of %d (%d resident at once), %d stages of %d "
+      "bytes; %.1f MB (%d chunks); consumers wait %d ns per chunk\n",
+      prop.name, sms, grid, kCtasPerSm, kThreads, cluster, max_clusters, stages, stage_bytes,
+      chunks * double(stage_bytes) / 1e6, chunks, delay_ns);
 
   for (int sched = 0; sched < 2; ++sched) {
     const int r = sched == 0 ? 0 : run;
     std::vector<double> spans, p[5], chunks_per_cta;
     std::vector<std::vector<double>> per_sm_runs;
+    std::vector<double> within_fraction, pooled_span, cluster_sms;
     for (int rep = 0; rep < repeats + 1; ++rep) {  // the first is a warm-up
       const int zero = 0;
       check(cudaMemcpyToSymbol(g_counter, &zero, sizeof zero));
-      stream_chunks<<<grid, kThreads, stages * stage_bytes>>>(bufs[rep % kBuffers], chunks, r, stages, stage_bytes,
-                                                              delay_ns, sleep, d_records, d_sink);
+      check(cudaLaunchKernelEx(&config, stream_chunks, static_cast<const uint8_t*>(bufs[rep % kBuffers]), chunks, r,
+                               stages, stage_bytes, delay_ns, sleep, d_records, d_sink));
       check(cudaGetLastError());
       std::vector<CtaRecord> rec(grid);
       check(cudaMemcpy(rec.data(), d_records, grid * sizeof(CtaRecord), cudaMemcpyDeviceToHost));
@@ -233,6 +264,33 @@ int main(int argc, char** argv) {
       std::vector<double> per_sm(sms);
       for (int s = 0; s < sms; ++s) per_sm[s] = sm_n[s] ? sm_sum[s] / sm_n[s] : 0.0;
       per_sm_runs.push_back(per_sm);
+      if (cluster > 1) {
+        // The CTA times' variance inside clusters (blocks c * cluster ..) against all of it, and the
+        // span if every cluster had pooled its chunks (its CTAs' mean time).
+        std::vector<double> time(grid);
+        for (int b = 0; b < grid; ++b) time[b] = (rec[b].end - rec[b].start) * 1e-3;
+        const double mean = std::accumulate(time.begin(), time.end(), 0.0) / grid;
+        double total = 0, within = 0, pooled = 0, distinct = 0;
+        for (int c = 0; c < grid / cluster; ++c) {
+          double m = 0;
+          std::vector<int> ids;
+          for (int k = 0; k < cluster; ++k) {
+            m += time[c * cluster + k] / cluster;
+            ids.push_back(rec[c * cluster + k].smid);
+          }
+          for (int k = 0; k < cluster; ++k) {
+            const double t = time[c * cluster + k];
+            total += (t - mean) * (t - mean);
+            within += (t - m) * (t - m);
+          }
+          pooled = std::max(pooled, (rec[c * cluster].start - t0) * 1e-3 + m);
+          std::sort(ids.begin(), ids.end());
+          distinct += double(std::unique(ids.begin(), ids.end()) - ids.begin());
+        }
+        within_fraction.push_back(total > 0 ? within / total : 0.0);
+        pooled_span.push_back(pooled);
+        cluster_sms.push_back(distinct / (grid / cluster));
+      }
     }
     const double span = percentile(spans, 0.5);
     std::printf(
@@ -240,6 +298,11 @@ int main(int argc, char** argv) {
         sched == 0 ? "equal shares" : "counter runs", span, chunks * double(stage_bytes) / span * 1e-6,
         percentile(p[0], 0.5), percentile(p[1], 0.5), percentile(p[2], 0.5), percentile(p[3], 0.5),
         percentile(p[4], 0.5));
+    if (cluster > 1)
+      std::printf(
+          "  clusters of %d: %.2f distinct SMs each; %.0f %% of the CTA times' variance lies inside clusters; "
+          "span if each cluster pooled its chunks: %.1f us\n",
+          cluster, percentile(cluster_sms, 0.5), 100 * percentile(within_fraction, 0.5), percentile(pooled_span, 0.5));
     if (sched == 1) {
       std::printf("  runs of %d chunks from one counter; chunks per CTA min / p50 / max: %.0f / %.0f / %.0f\n", run,
                   percentile(chunks_per_cta, 0.0), percentile(chunks_per_cta, 0.5), percentile(chunks_per_cta, 1.0));
