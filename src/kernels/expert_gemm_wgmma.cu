@@ -8,7 +8,7 @@
 // multiply. The N token rows are the B side, read by the tensor cores from shared memory.
 //
 // A CTA (one per SM, persistent) is a producer warpgroup and two consumer warpgroups (or four, in
-// GEMM1). A unit is one token tile x one row group (256 weight rows, the layout's contiguous run
+// GEMM1; or two and an epilogue warpgroup, GEMM1 with N <= 96: the staged epilogue below). A unit is one token tile x one row group (256 weight rows, the layout's contiguous run
 // per chunk of 128 k); CTA b takes units b, b + grid, ... in order, the row groups of a token tile
 // consecutive, so the CTAs working at one time share a few token tiles and experts in L2. Per
 // chunk, through a ring of full/empty mbarriers (4 to 8 stages, as many as shared memory holds for
@@ -20,8 +20,8 @@
 //             (with four, row blocks 4c .. 4c + 3 as one); per 16 k it widens its A fragments,
 //             issues its wgmmas and waits for the previous step's (so the A registers of one step
 //             are widened while the last step runs), releasing a stage once its last wgmma
-//             completed. Four warpgroups of 104 registers run the MXFP8 epilogue faster (measured:
-//             bench/NOTES.md, Session 4); two of 232 run the bf16 epilogue faster.
+//             completed. Where the consumers run the epilogue (N = 128), four warpgroups of 104
+//             registers run the MXFP8 one faster (bench/NOTES.md, Session 4), two of 232 the bf16.
 // Small N streams weights (decode-like, more stages in flight); large N reuses each widened
 // fragment over more tokens (prefill). On 2 consumer warpgroups a unit's wgmmas are only as wide
 // as its tile's rows rounded up to 16 or 32 (an expert's last tile is often a fraction of N), so
@@ -30,6 +30,10 @@
 // Epilogues store from the accumulators, whose per-warp layout is mma.sync's (rows g and g + 8 of
 // each 16 are gate and up of one output, by the W13 row order):
 //   GEMM1: act(h_gate, h_up) as bf16 (A16) or MXFP8 (group amax over the 4 warps of an m64 tile);
+//          staged (N <= 96): the consumers write the accumulators to shared memory and run the next
+//          unit while the epilogue warpgroup stores the activation (the two consumer warpgroups'
+//          epilogues coincide, so the tensor pipe idled through them: ~21 % of their samples at
+//          local28 T = 128; staged, GEMM1 ran 221 -> 208 us, bench/NOTES.md, Session 34);
 //   GEMM2: fp32 rows.
 #include <cstdint>
 #include <type_traits>
@@ -48,30 +52,38 @@
 namespace k3moe::kernels {
 namespace {
 
-template <int kTokens_, int kConsumers_>
+// kStaged (GEMM1 on 2 consumer warpgroups): a fourth warpgroup runs the epilogues from shared
+// memory (drain_staging) while the consumers run the next unit's chunks.
+template <int kTokens_, int kConsumers_, bool kStaged_ = false>
 struct WgTile {
   static constexpr int kTokens = kTokens_;  // the wgmma N
   static constexpr int kConsumers = kConsumers_;
+  static constexpr bool kStaged = kStaged_;
   static constexpr int kMTiles = 4 / kConsumers;  // m64 tiles per consumer warpgroup
   static constexpr int kRowsPerCta = 64 * kMTiles * kConsumers;
-  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kThreads = 128 * (1 + kConsumers + kStaged);
   static constexpr int kChunkK = 128;
   static constexpr int kActHalfBytes = kTokens * 128;  // 64 k of every token row
   static constexpr int kActBytes = 2 * kActHalfBytes;
   static constexpr int kCodeBytes = layout::kGroupRowBlocks * layout::kChunkBlocks * layout::kBlockCodeBytes;
   static constexpr int kScaleBytes = layout::kGroupRowBlocks * layout::kChunkBlocks * layout::kBlockScaleBytes;
   static constexpr int kStageBytes = kActBytes + kCodeBytes + kScaleBytes;
-  static constexpr int kStages = (220 * 1024) / kStageBytes < 8 ? (220 * 1024) / kStageBytes : 8;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + the slack to align to 1024
-  // The producer gives its registers to the consumers, within the CTA's allocation at launch
-  // (kThreads x the launch bound's 168 or 96): 128 x 40 + 128 kConsumers x kConsumerRegs <= it,
-  // or setmaxnreg.inc waits forever.
-  static constexpr int kProducerRegs = 40, kConsumerRegs = kConsumers == 2 ? 232 : 104;
+  // kStaged: a unit's accumulators, per token row 128 outputs x {gate, up} in fp32 (staged_offset).
+  static constexpr int kStagingBytes = kStaged ? kTokens * 1024 : 0;
+  static constexpr int kStages = (220 * 1024 - kStagingBytes) / kStageBytes < 8 ? (220 * 1024 - kStagingBytes) / kStageBytes : 8;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 1024;  // + the slack to align to 1024
+  // The producer (and the staged epilogue) give their registers to the consumers, within the CTA's
+  // allocation at launch (kThreads x the launch bound's 168, 128 or 96): 128 x 40 + 128 kConsumers
+  // x kConsumerRegs (+ 128 x kEpilogueRegs) <= it, or setmaxnreg.inc waits forever.
+  static constexpr int kProducerRegs = 40, kEpilogueRegs = 56;
+  static constexpr int kConsumerRegs = kConsumers == 4 ? 104 : kStaged ? 208 : 232;
   // The unit widths (wgmma N) the consumers run: the multiples of this up to kTokens. NOTE: more
   // variants of the chunk loop make ptxas serialize the wgmmas (at 104 registers any second one;
   // at 232, eight of N = 128's activation kernel).
   static constexpr int kWidthStep = kConsumers == 4 ? kTokens : kTokens == 128 ? 32 : 16;
-  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kThreads * (65536 / kThreads / 8 * 8));
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs + 128 * kStaged * kEpilogueRegs <=
+                kThreads * (65536 / kThreads / 8 * 8));
+  static_assert(!kStaged || kConsumers == 2, "the staged epilogue serves 2 consumer warpgroups");
 
   static_assert(kRowsPerCta == layout::kGroupRowBlocks * layout::kBlockRows && wgmma_units_per_tile(kRowsPerCta) == 1,
                 "a unit is one row group");
@@ -366,6 +378,76 @@ __device__ __forceinline__ void store_rows(const ExpertGemmArgs& a, const GemmOu
   });
 }
 
+// The staged epilogue (T::kStaged): the consumers write a unit's accumulators to shared memory
+// and go on to the next unit; the epilogue warpgroup computes the activation and stores it. Token
+// row r holds output j's {gate, up} at byte 8 j, the halves of its 128-byte bank window swapped on
+// rows with r & 2 (a warp's store covers rows r, r + 2, r + 4, r + 6: two wavefronts, not four).
+__device__ __forceinline__ int staged_offset(int r, int byte) { return r * 1024 + (byte ^ (((r >> 1) & 1) << 6)); }
+
+// What the epilogue warpgroup needs of a staged unit: its tile ({local expert, first row, rows,
+// 0}; 0 rows: no more units), row group and tile index.
+struct StagedUnit {
+  int4 tile;
+  int group, tile_index;
+};
+
+template <class T>
+__device__ __forceinline__ void stage_accumulators(uint8_t* staging, int width, int cwg, int warp, int lane,
+                                                   const WgAccumulators<T>& acc) {
+  const int g = lane / 4, col0 = 2 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < T::kMTiles; ++i) {
+    const int j = (cwg * 4 * T::kMTiles + i * 4 + warp) * 8 + g;
+#pragma unroll
+    for (int q = 0; q < T::kTokens / 8; ++q)
+      if (q * 8 < width)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float2*>(staging + staged_offset(q * 8 + col0 + h, j * 8)) =
+              make_float2(acc[i][4 * q + h], acc[i][4 * q + 2 + h]);
+  }
+}
+
+// The epilogue warpgroup: per staged unit, act(h_gate, h_up) of 2 outputs per thread and step as
+// bf16 (A16) or MXFP8 (a group of 32 outputs = 16 lanes), a warp storing 128 contiguous bytes of a
+// token row; then it frees the staging, and counts the unit's stores for GEMM2 as its consumer
+// warpgroups would have.
+constexpr int kEpilogueBarrier = 6;
+template <class T>
+__device__ __forceinline__ void drain_staging(const ExpertGemmArgs& a, const GemmOutput& out, const uint8_t* staging,
+                                              const StagedUnit* s_unit, uint64_t* full, uint64_t* empty) {
+  const int tid = threadIdx.x % 128, out_cols = a.N / 2;
+  const bool mx = out.mode == Mode::Mxfp8;
+  for (int n = 0;; ++n) {
+    ptx::mbarrier_wait_parity(full, n & 1);
+    const StagedUnit unit = *s_unit;
+    if (unit.tile.z == 0) break;
+    const int j0 = unit.group * layout::kGroupRowBlocks * 8;
+#pragma unroll 1
+    for (int idx = tid; idx < unit.tile.z * 64; idx += 128) {
+      const int r = idx / 64, p = idx % 64, j = j0 + 2 * p;
+      const float4 x = *reinterpret_cast<const float4*>(staging + staged_offset(r, p * 16));
+      float v0 = fast_activation(out.activation, out.params, x.x, x.y);
+      float v1 = fast_activation(out.activation, out.params, x.z, x.w);
+      if (mx) {
+        uint32_t bits = max(float_bits(v0) & 0x7FFFFFFFu, float_bits(v1) & 0x7FFFFFFFu);  // NaN above Inf
+#pragma unroll
+        for (int offset = 1; offset < 16; offset *= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+        const uint8_t scale = mx_scale_round_up(bits_float(bits), kE4M3Max);
+        v0 = round_to_mxfp8(v0, scale);
+        v1 = round_to_mxfp8(v1, scale);
+      }
+      if (j < out_cols)
+        *reinterpret_cast<uint32_t*>(out.inter + int64_t(unit.tile.y + r) * out_cols + j) =
+            uint32_t(float_to_bf16_bits(v0)) | uint32_t(float_to_bf16_bits(v1)) << 16;
+    }
+    ptx::mbarrier_arrive(empty);
+    ptx::named_barrier_sync(kEpilogueBarrier, 128);
+    if (tid == 0) ptx::red_release_gpu_add(&a.tile_info[unit.tile_index].w, T::kConsumers);
+    if (tid % 32 == 0) mark_end(a.times);
+  }
+}
+
 template <class T, Epilogue kEpi>
 __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(ExpertGemmArgs a, GemmOutput out) {
   extern __shared__ uint8_t smem_raw[];
@@ -375,12 +457,17 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   __shared__ __align__(16) uint32_t s_rows[T::kTokens];
   __shared__ int4 s_units[T::kStages];
   __shared__ int s_next;
+  __shared__ __align__(8) uint64_t s_staged_full, s_staged_empty;
+  __shared__ StagedUnit s_staged_unit;
+  uint8_t* staging = smem + T::kStages * T::kStageBytes;
   mark_start(a.times);
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
       ptx::mbarrier_init(&s_full[s], 1 + 128);  // the bulk copies' arrival + 128 cp.async threads
       ptx::mbarrier_init(&s_empty[s], 4 * T::kConsumers);  // one per consumer warp
     }
+    ptx::mbarrier_init(&s_staged_full, 128 * T::kConsumers);
+    ptx::mbarrier_init(&s_staged_empty, 128);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -401,11 +488,24 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
     produce<T, kTakeUnits>(a, smem, s_full, s_empty, s_rows, s_units, &s_next, num_units, row_groups);
     return;
   }
+  if (T::kStaged && wg == 1 + T::kConsumers) {
+    ptx::setmaxnreg_dec<T::kEpilogueRegs>();
+    drain_staging<T>(a, out, staging, &s_staged_unit, &s_staged_full, &s_staged_empty);
+    return;
+  }
   ptx::setmaxnreg_inc<T::kConsumerRegs>();
   const int cwg = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   const int chunks = a.K / T::kChunkK;
   WgAccumulators<T> acc;
-  int seq = 0, release = -1;
+  int seq = 0, release = -1, staged = 0;
+  // T::kStaged: hands the staging (after its previous unit was drained) to the epilogue warpgroup.
+  auto stage_unit = [&](const int4& tile, int group, int tile_index, auto&& write) {
+    if (staged > 0) ptx::mbarrier_wait_parity(&s_staged_empty, (staged - 1) & 1);
+    write();
+    if (threadIdx.x == 128) s_staged_unit = {tile, group, tile_index};
+    ptx::mbarrier_arrive(&s_staged_full);
+    ++staged;
+  };
   // The unit whose first stage is stage seq: the producer's (kTakeUnits: `taken`, and 0, or
   // num_units past the last), else the next of this CTA's.
   WgUnit taken;
@@ -431,6 +531,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
     ptx::wgmma_wait<0>();
     if (lane == 0) ptx::mbarrier_arrive(&s_empty[release]);
     release = -1;
+    if constexpr (T::kStaged) {
+      stage_unit(unit.tile, unit.group, u / row_groups,
+                 [&] { stage_accumulators<T>(staging, width, cwg, warp, lane, acc); });
+      continue;
+    }
     if constexpr (kEpi == Epilogue::Activation)
       store_activation<T>(a, out, unit, width, cwg, warp, lane, acc, s_amax[cwg]);
     else
@@ -443,6 +548,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
       }
     }
   }
+  if constexpr (T::kStaged) stage_unit(make_int4(0, 0, 0, 0), 0, 0, [] {});
 }
 
 template <class T, Epilogue kEpi>
@@ -451,10 +557,14 @@ void configure_kernels() {
                                         T::kSmemBytes));
 }
 
+// GEMM1 on 2 consumer warpgroups: the staged epilogue where its staging fits beside 3 stages.
+template <int kTokens>
+using Gemm1Tile2 = WgTile<kTokens, 2, kTokens <= 96>;
+
 // GEMM1 on 2 or 4 consumer warpgroups, GEMM2 on 2 (see launch_expert_gemm_wgmma).
 template <int kTokens>
 void configure_tiles() {
-  configure_kernels<WgTile<kTokens, 2>, Epilogue::Activation>();
+  configure_kernels<Gemm1Tile2<kTokens>, Epilogue::Activation>();
   configure_kernels<WgTile<kTokens, 4>, Epilogue::Activation>();
   configure_kernels<WgTile<kTokens, 2>, Epilogue::Rows>();
 }
@@ -468,7 +578,7 @@ template <int kTokens>
 void launch_tiles(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, int consumers, cudaStream_t stream) {
   if (!gemm1) return launch_kernel<WgTile<kTokens, 2>, Epilogue::Rows>(args, out, stream);
   if (consumers == 4) return launch_kernel<WgTile<kTokens, 4>, Epilogue::Activation>(args, out, stream);
-  return launch_kernel<WgTile<kTokens, 2>, Epilogue::Activation>(args, out, stream);
+  return launch_kernel<Gemm1Tile2<kTokens>, Epilogue::Activation>(args, out, stream);
 }
 
 }  // namespace

@@ -99,7 +99,10 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   if (kernels::tile_uses_wgmma(k.token_tile)) {  // K whole
     // NOTE: GEMM2 has no MXFP8 rounding in either mode; with 4 warpgroups it ran mxfp8 local28
     // T = 128 3 % slower, T = 4096 and ep16 T = 8192 within the spread (bench/NOTES.md, Session 20).
-    k.gemm1_warps = mode == Mode::Mxfp8 ? 16 : 8;
+    // GEMM1's tiles of up to 96 tokens round to MXFP8 in their epilogue warpgroup (staged), so 2
+    // consumer warpgroups serve both modes there (mxfp8 local28 T = 40 / 64 / 128: 222 / 270 / 334
+    // us on 4 warpgroups against 210 / 242 / 322 staged; bench/NOTES.md, Session 34).
+    k.gemm1_warps = mode == Mode::Mxfp8 && kernels::tile_tokens(k.token_tile) > 96 ? 16 : 8;
     k.gemm2_warps = 8;
     // NOTE: on 2 consumer warpgroups an expert's last, partial tile runs narrower wgmmas (the
     // kernel's unit widths), at every T since the epilogues became rolled loops (against the tile's
