@@ -52,13 +52,18 @@
 namespace k3moe::kernels {
 namespace {
 
-// kStaged (GEMM1 on 2 consumer warpgroups): a fourth warpgroup runs the epilogues from shared
-// memory (drain_staging) while the consumers run the next unit's chunks.
-template <int kTokens_, int kConsumers_, bool kStaged_ = false>
+// What the consumers of GEMM1 on 2 warpgroups hand to a fourth, epilogue warpgroup through shared
+// memory (drain_staging), which stores it while they run the next unit's chunks: nothing (they
+// store the activation themselves), a unit's accumulators, or its activation values (where the
+// accumulators' staging does not fit beside 3 stages).
+enum class Staging { None, Accumulators, Activations };
+
+template <int kTokens_, int kConsumers_, Staging kStaging_ = Staging::None>
 struct WgTile {
   static constexpr int kTokens = kTokens_;  // the wgmma N
   static constexpr int kConsumers = kConsumers_;
-  static constexpr bool kStaged = kStaged_;
+  static constexpr Staging kStaging = kStaging_;
+  static constexpr bool kStaged = kStaging != Staging::None;
   static constexpr int kMTiles = 4 / kConsumers;  // m64 tiles per consumer warpgroup
   static constexpr int kRowsPerCta = 64 * kMTiles * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers + kStaged);
@@ -68,8 +73,9 @@ struct WgTile {
   static constexpr int kCodeBytes = layout::kGroupRowBlocks * layout::kChunkBlocks * layout::kBlockCodeBytes;
   static constexpr int kScaleBytes = layout::kGroupRowBlocks * layout::kChunkBlocks * layout::kBlockScaleBytes;
   static constexpr int kStageBytes = kActBytes + kCodeBytes + kScaleBytes;
-  // kStaged: a unit's accumulators, per token row 128 outputs x {gate, up} in fp32 (staged_offset).
-  static constexpr int kStagingBytes = kStaged ? kTokens * 1024 : 0;
+  // Per token row 128 outputs x {gate, up} or their activation, in fp32 (staged_offset).
+  static constexpr int kStagingRowBytes = kStaging == Staging::Accumulators ? 1024 : kStaged ? 512 : 0;
+  static constexpr int kStagingBytes = kTokens * kStagingRowBytes;
   static constexpr int kStages = (220 * 1024 - kStagingBytes) / kStageBytes < 8 ? (220 * 1024 - kStagingBytes) / kStageBytes : 8;
   static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 1024;  // + the slack to align to 1024
   // The producer (and the staged epilogue) give their registers to the consumers, within the CTA's
@@ -378,11 +384,16 @@ __device__ __forceinline__ void store_rows(const ExpertGemmArgs& a, const GemmOu
   });
 }
 
-// The staged epilogue (T::kStaged): the consumers write a unit's accumulators to shared memory
-// and go on to the next unit; the epilogue warpgroup computes the activation and stores it. Token
-// row r holds output j's {gate, up} at byte 8 j, the halves of its 128-byte bank window swapped on
-// rows with r & 2 (a warp's store covers rows r, r + 2, r + 4, r + 6: two wavefronts, not four).
-__device__ __forceinline__ int staged_offset(int r, int byte) { return r * 1024 + (byte ^ (((r >> 1) & 1) << 6)); }
+// The staged epilogue (T::kStaged): the consumers write a unit's accumulators (or activation
+// values) to shared memory and go on to the next unit; the epilogue warpgroup stores them. Token
+// row r holds output j's {gate, up} at byte 8 j (its activation at byte 4 j), the pieces of each
+// 128-byte bank window permuted by r / 2, so that a warp's store, rows r, r + 2, r + 4, r + 6, takes
+// as few wavefronts as its bytes need (two; one).
+template <class T>
+__device__ __forceinline__ int staged_offset(int r, int byte) {
+  if constexpr (T::kStaging == Staging::Accumulators) return r * 1024 + (byte ^ (((r >> 1) & 1) << 6));
+  else return r * 512 + (byte ^ (((r >> 1) & 3) << 5));
+}
 
 // What the epilogue warpgroup needs of a staged unit: its tile ({local expert, first row, rows,
 // 0}; 0 rows: no more units), row group and tile index.
@@ -403,9 +414,26 @@ __device__ __forceinline__ void stage_accumulators(uint8_t* staging, int width, 
       if (q * 8 < width)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<float2*>(staging + staged_offset(q * 8 + col0 + h, j * 8)) =
+          *reinterpret_cast<float2*>(staging + staged_offset<T>(q * 8 + col0 + h, j * 8)) =
               make_float2(acc[i][4 * q + h], acc[i][4 * q + 2 + h]);
   }
+}
+
+// Staging::Activations: act(h_gate, h_up) by the epilogue's turns.
+template <class T>
+__device__ __forceinline__ void stage_activations(uint8_t* staging, const GemmOutput& out, int width, int cwg,
+                                                  int warp, int lane, const WgAccumulators<T>& acc) {
+  constexpr int kTurns = T::kTokens / 32;
+  const int g = lane / 4, col0 = 2 * (lane % 4);
+  for_each_turn<T>(acc, width, [&](int t, int q0, const float (&x)[16]) {
+    const int j = (cwg * 4 * T::kMTiles + t / kTurns * 4 + warp) * 8 + g;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<float*>(staging + staged_offset<T>((q0 + q) * 8 + col0 + h, j * 4)) =
+            fast_activation(out.activation, out.params, x[4 * q + h], x[4 * q + 2 + h]);
+  });
 }
 
 // The epilogue warpgroup: per staged unit, act(h_gate, h_up) of 2 outputs per thread and step as
@@ -426,9 +454,16 @@ __device__ __forceinline__ void drain_staging(const ExpertGemmArgs& a, const Gem
 #pragma unroll 1
     for (int idx = tid; idx < unit.tile.z * 64; idx += 128) {
       const int r = idx / 64, p = idx % 64, j = j0 + 2 * p;
-      const float4 x = *reinterpret_cast<const float4*>(staging + staged_offset(r, p * 16));
-      float v0 = fast_activation(out.activation, out.params, x.x, x.y);
-      float v1 = fast_activation(out.activation, out.params, x.z, x.w);
+      float v0, v1;
+      if constexpr (T::kStaging == Staging::Accumulators) {
+        const float4 x = *reinterpret_cast<const float4*>(staging + staged_offset<T>(r, p * 16));
+        v0 = fast_activation(out.activation, out.params, x.x, x.y);
+        v1 = fast_activation(out.activation, out.params, x.z, x.w);
+      } else {
+        const float2 x = *reinterpret_cast<const float2*>(staging + staged_offset<T>(r, p * 8));
+        v0 = x.x;
+        v1 = x.y;
+      }
       if (mx) {
         uint32_t bits = max(float_bits(v0) & 0x7FFFFFFFu, float_bits(v1) & 0x7FFFFFFFu);  // NaN above Inf
 #pragma unroll
@@ -533,7 +568,12 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
     release = -1;
     if constexpr (T::kStaged) {
       stage_unit(unit.tile, unit.group, u / row_groups,
-                 [&] { stage_accumulators<T>(staging, width, cwg, warp, lane, acc); });
+                 [&] {
+                   if constexpr (T::kStaging == Staging::Accumulators)
+                     stage_accumulators<T>(staging, width, cwg, warp, lane, acc);
+                   else
+                     stage_activations<T>(staging, out, width, cwg, warp, lane, acc);
+                 });
       continue;
     }
     if constexpr (kEpi == Epilogue::Activation)
@@ -557,14 +597,18 @@ void configure_kernels() {
                                         T::kSmemBytes));
 }
 
-// GEMM1 on 2 consumer warpgroups: the staged epilogue where its staging fits beside 3 stages.
+// GEMM1 on 2 consumer warpgroups: the accumulators staged where they fit beside 3 stages; at
+// N = 128 the activation values in MXFP8 (the rounding's amax exchange is what the staging saves
+// the consumers), none in A16 (there the stage the staging takes cost more than the epilogue it
+// moved: local28 T = 512 / 4096 +1.6 / +1.3 %, bench/NOTES.md, Session 34).
 template <int kTokens>
-using Gemm1Tile2 = WgTile<kTokens, 2, kTokens <= 96>;
+using Gemm1Staged = WgTile<kTokens, 2, kTokens <= 96 ? Staging::Accumulators : Staging::Activations>;
 
 // GEMM1 on 2 or 4 consumer warpgroups, GEMM2 on 2 (see launch_expert_gemm_wgmma).
 template <int kTokens>
 void configure_tiles() {
-  configure_kernels<Gemm1Tile2<kTokens>, Epilogue::Activation>();
+  configure_kernels<Gemm1Staged<kTokens>, Epilogue::Activation>();
+  if constexpr (kTokens == 128) configure_kernels<WgTile<kTokens, 2>, Epilogue::Activation>();
   configure_kernels<WgTile<kTokens, 4>, Epilogue::Activation>();
   configure_kernels<WgTile<kTokens, 2>, Epilogue::Rows>();
 }
@@ -578,7 +622,9 @@ template <int kTokens>
 void launch_tiles(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, int consumers, cudaStream_t stream) {
   if (!gemm1) return launch_kernel<WgTile<kTokens, 2>, Epilogue::Rows>(args, out, stream);
   if (consumers == 4) return launch_kernel<WgTile<kTokens, 4>, Epilogue::Activation>(args, out, stream);
-  return launch_kernel<Gemm1Tile2<kTokens>, Epilogue::Activation>(args, out, stream);
+  if constexpr (kTokens == 128)
+    if (out.mode == Mode::A16) return launch_kernel<WgTile<kTokens, 2>, Epilogue::Activation>(args, out, stream);
+  return launch_kernel<Gemm1Staged<kTokens>, Epilogue::Activation>(args, out, stream);
 }
 
 }  // namespace

@@ -99,15 +99,17 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   if (kernels::tile_uses_wgmma(k.token_tile)) {  // K whole
     // NOTE: GEMM2 has no MXFP8 rounding in either mode; with 4 warpgroups it ran mxfp8 local28
     // T = 128 3 % slower, T = 4096 and ep16 T = 8192 within the spread (bench/NOTES.md, Session 20).
-    // GEMM1's tiles of up to 96 tokens round to MXFP8 in their epilogue warpgroup (staged), so 2
-    // consumer warpgroups serve both modes there (mxfp8 local28 T = 40 / 64 / 128: 222 / 270 / 334
-    // us on 4 warpgroups against 210 / 242 / 322 staged; bench/NOTES.md, Session 34).
-    k.gemm1_warps = mode == Mode::Mxfp8 && kernels::tile_tokens(k.token_tile) > 96 ? 16 : 8;
+    // On 2 consumer warpgroups GEMM1 rounds to MXFP8 in its epilogue warpgroup (staged), which
+    // beats 4 warpgroups up to ~4 tiles per expert, where partial tiles (narrower wgmmas on 2) are
+    // a large share (mxfp8 local28 T = 40 / 64 / 128 / 512: 222 / 270 / 334 / 1070 us on 4 against
+    // 210 / 242 / 322 / 1027 staged, ep16 T = 8192 1298 against 1200); from T = 1024 they tie
+    // and at T = 4096 / 16384 4 warpgroups run 1 % faster (bench/NOTES.md, Session 34).
+    k.gemm1_warps = mode == Mode::Mxfp8 && rows > 512.0 ? 16 : 8;
     k.gemm2_warps = 8;
     // NOTE: on 2 consumer warpgroups an expert's last, partial tile runs narrower wgmmas (the
     // kernel's unit widths), at every T since the epilogues became rolled loops (against the tile's
     // width, local28 a16: T = 2048 -3..-5 %, 4096 -1.4 %, 8192 -1.6 %, 16384 -1.1 %; bench/NOTES.md,
-    // Session 22); GEMM1 in mxfp8 runs 4 warpgroups, which have one width.
+    // Session 22); GEMM1 in mxfp8 above 512 rows runs 4 warpgroups, which have one width.
     return k;
   }
   if (k.token_tile == kernels::TokenTile::T32 && rows >= 64.0) k.gemm1_warps = k.gemm2_warps = 8;

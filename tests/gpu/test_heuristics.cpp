@@ -81,10 +81,13 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   const KernelChoice big8 = choose_kernels(c, ExpertParallel{1, 0}, 4096, 132, GemmKernel::Auto, 0, Mode::Mxfp8);
   EXPECT_EQ(big8.gemm1_warps, 16);
   EXPECT_EQ(big8.gemm2_warps, 8);
-  // Up to 96 tokens GEMM1 rounds to MXFP8 in its epilogue warpgroup, beside 2 consumer warpgroups.
+  // Up to 512 rows per expert GEMM1 rounds to MXFP8 in its epilogue warpgroup, beside 2 consumer
+  // warpgroups.
   const KernelChoice mid8 = choose_kernels(c, ExpertParallel{1, 0}, 128, 132, GemmKernel::Auto, 0, Mode::Mxfp8);
   EXPECT_EQ(mid8.token_tile, kernels::TokenTile::Wg96);
   EXPECT_EQ(mid8.gemm1_warps, 8);
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 512, 132, GemmKernel::Auto, 0, Mode::Mxfp8).gemm1_warps, 8);
+  EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 1024, 132, GemmKernel::Auto, 0, Mode::Mxfp8).gemm1_warps, 16);
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 128, 132).token_tile, kernels::TokenTile::Wg96);  // 73 rows
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, 132).token_tile, kernels::TokenTile::Wg64);   // 37 rows
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 40, 132).token_tile, kernels::TokenTile::Wg32);   // 23 rows
