@@ -7,12 +7,12 @@
 // already stores in fragment order (expert_layout.cuh) and folds the E8M0 scale in with one bf16
 // multiply. The N token rows are the B side, read by the tensor cores from shared memory.
 //
-// A CTA (one per SM, persistent) is a producer warpgroup and two consumer warpgroups (or four, in
-// GEMM1; or two and an epilogue warpgroup, GEMM1 with N <= 96: the staged epilogue below). A unit is one token tile x one row group (256 weight rows, the layout's contiguous run
-// per chunk of 128 k); CTA b takes units b, b + grid, ... in order, the row groups of a token tile
-// consecutive, so the CTAs working at one time share a few token tiles and experts in L2. Per
-// chunk, through a ring of full/empty mbarriers (4 to 8 stages, as many as shared memory holds for
-// N):
+// A CTA (one per SM, persistent) is a producer warpgroup and two consumer warpgroups (GEMM1: or
+// four; or two and an epilogue warpgroup, the staged epilogue below). A unit is one token tile x
+// one row group (256 weight rows, the layout's contiguous run per chunk of 128 k); CTA b takes
+// units b, b + grid, ... in order, the row groups of a token tile consecutive, so the CTAs working
+// at one time share a few token tiles and experts in L2. Per chunk, through a ring of full/empty
+// mbarriers (3 to 8 stages, as many as shared memory holds beside any staging):
 //   producer: thread 0 copies the chunk's weight codes and scales with two bulk copies; the 128
 //             threads gather the token rows' 256 bytes (GEMM1: by token id) with cp.async into
 //             the 128-byte-swizzled K-major layout wgmma reads, and arrive when they land;
@@ -20,8 +20,8 @@
 //             (with four, row blocks 4c .. 4c + 3 as one); per 16 k it widens its A fragments,
 //             issues its wgmmas and waits for the previous step's (so the A registers of one step
 //             are widened while the last step runs), releasing a stage once its last wgmma
-//             completed. Where the consumers run the epilogue (N = 128), four warpgroups of 104
-//             registers run the MXFP8 one faster (bench/NOTES.md, Session 4), two of 232 the bf16.
+//             completed. Where the consumers run the MXFP8 epilogue themselves, four
+//             warpgroups of 104 registers run it faster than two (bench/NOTES.md, Session 4).
 // Small N streams weights (decode-like, more stages in flight); large N reuses each widened
 // fragment over more tokens (prefill). On 2 consumer warpgroups a unit's wgmmas are only as wide
 // as its tile's rows rounded up to 16 or 32 (an expert's last tile is often a fraction of N), so
@@ -30,8 +30,9 @@
 // Epilogues store from the accumulators, whose per-warp layout is mma.sync's (rows g and g + 8 of
 // each 16 are gate and up of one output, by the W13 row order):
 //   GEMM1: act(h_gate, h_up) as bf16 (A16) or MXFP8 (group amax over the 4 warps of an m64 tile);
-//          staged (N <= 96): the consumers write the accumulators to shared memory and run the next
-//          unit while the epilogue warpgroup stores the activation (the two consumer warpgroups'
+//          staged (2 consumer warpgroups, N <= 96; N = 128 in MXFP8): the consumers write the
+//          accumulators (N = 128: the activation values) to shared memory and run the next unit
+//          while the epilogue warpgroup stores the activation (the two consumer warpgroups'
 //          epilogues coincide, so the tensor pipe idled through them: ~21 % of their samples at
 //          local28 T = 128; staged, GEMM1 ran 221 -> 208 us, bench/NOTES.md, Session 34);
 //   GEMM2: fp32 rows.
@@ -76,7 +77,8 @@ struct WgTile {
   // Per token row 128 outputs x {gate, up} or their activation, in fp32 (staged_offset).
   static constexpr int kStagingRowBytes = kStaging == Staging::Accumulators ? 1024 : kStaged ? 512 : 0;
   static constexpr int kStagingBytes = kTokens * kStagingRowBytes;
-  static constexpr int kStages = (220 * 1024 - kStagingBytes) / kStageBytes < 8 ? (220 * 1024 - kStagingBytes) / kStageBytes : 8;
+  static constexpr int kStagesFit = (220 * 1024 - kStagingBytes) / kStageBytes;
+  static constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
   static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 1024;  // + the slack to align to 1024
   // The producer (and the staged epilogue) give their registers to the consumers, within the CTA's
   // allocation at launch (kThreads x the launch bound's 168, 128 or 96): 128 x 40 + 128 kConsumers
