@@ -503,10 +503,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
       ptx::mbarrier_init(&s_full[s], 1 + 128);  // the bulk copies' arrival + 128 cp.async threads
       ptx::mbarrier_init(&s_empty[s], 4 * T::kConsumers);  // one per consumer warp
     }
-    if constexpr (T::kStaged) {
-      ptx::mbarrier_init(&s_staged_full, 128 * T::kConsumers);  // every consumer thread
-      ptx::mbarrier_init(&s_staged_empty, 128);                  // every epilogue thread
-    }
+    ptx::mbarrier_init(&s_staged_full, 128 * T::kConsumers);
+    ptx::mbarrier_init(&s_staged_empty, 128);
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
