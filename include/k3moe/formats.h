@@ -32,6 +32,8 @@ K3MOE_HD constexpr float bits_float(uint32_t u) { return __builtin_bit_cast(floa
 K3MOE_HD constexpr bool is_nan(float f) { return (float_bits(f) & 0x7FFFFFFFu) > 0x7F800000u; }
 K3MOE_HD constexpr bool is_finite(float f) { return (float_bits(f) & 0x7F800000u) != 0x7F800000u; }
 K3MOE_HD constexpr float abs_f(float f) { return bits_float(float_bits(f) & 0x7FFFFFFFu); }
+// |f| as bits: orders like |f|, NaN above Inf (so that a maximum over them keeps a NaN).
+K3MOE_HD constexpr uint32_t magnitude_bits(float f) { return float_bits(f) & 0x7FFFFFFFu; }
 K3MOE_HD constexpr uint32_t sign_bit(float f) { return float_bits(f) >> 31; }
 
 // Round a float in [0, 2^22] to the nearest integer, ties to even, in the default FP rounding

@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? 5 : 3) activation_
     if (a.mode == Mode::Mxfp8) {
       uint32_t amax_bits = 0;  // |v| as bits: NaN orders above Inf
 #pragma unroll
-      for (int i = 0; i < kVector; ++i) amax_bits = max(amax_bits, float_bits(v[i]) & 0x7FFFFFFFu);
+      for (int i = 0; i < kVector; ++i) amax_bits = max(amax_bits, magnitude_bits(v[i]));
 #pragma unroll
       for (int offset = 1; offset < kGroupLanes; offset *= 2)
         amax_bits = max(amax_bits, __shfl_xor_sync(0xFFFFFFFFu, amax_bits, offset));

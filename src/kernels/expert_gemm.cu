@@ -217,7 +217,7 @@ __device__ __forceinline__ void store_unit(const ExpertGemmArgs& a, const GemmOu
           amax_bits[q][h] = 0;
 #pragma unroll
           for (int i = 0; i < T::kMTiles; ++i)
-            amax_bits[q][h] = max(amax_bits[q][h], float_bits(v[i][q][h]) & 0x7FFFFFFFu);
+            amax_bits[q][h] = max(amax_bits[q][h], magnitude_bits(v[i][q][h]));
 #pragma unroll
           for (int offset = 4; offset < 32; offset *= 2)
             amax_bits[q][h] = max(amax_bits[q][h], __shfl_xor_sync(0xFFFFFFFFu, amax_bits[q][h], offset));

@@ -69,7 +69,7 @@ struct GemmOutput {
 // Raises the kernels' shared-memory limit on the current device; once per device, before launches.
 void configure_expert_gemm_kernels();
 // warps: mma.sync: 4, or 8 with TokenTile::T32 (the same CTA rows in 2 m-tiles per warp); wgmma:
-// the consumer warps, 8 (2 warpgroups x 2 m64 tiles) or 16 (4 x 1; GEMM1 only).
+// the consumer warps, 8 (2 warpgroups x 2 m64 tiles).
 void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
                          cudaStream_t stream);
 void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,

@@ -7,8 +7,8 @@
 // already stores in fragment order (expert_layout.cuh) and folds the E8M0 scale in with one bf16
 // multiply. The N token rows are the B side, read by the tensor cores from shared memory.
 //
-// A CTA (one per SM, persistent) is a producer warpgroup and two consumer warpgroups (GEMM1: or
-// four; or two and an epilogue warpgroup, the staged epilogue below). A unit is one token tile x
+// A CTA (one per SM, persistent) is a producer warpgroup and two consumer warpgroups (GEMM1 mostly
+// with an epilogue warpgroup beside them, the staged epilogue below). A unit is one token tile x
 // one row group (256 weight rows, the layout's contiguous run per chunk of 128 k); CTA b takes
 // units b, b + grid, ... in order, the row groups of a token tile consecutive, so the CTAs working
 // at one time share a few token tiles and experts in L2. Per chunk, through a ring of full/empty
@@ -16,25 +16,22 @@
 //   producer: thread 0 copies the chunk's weight codes and scales with two bulk copies; the 128
 //             threads gather the token rows' 256 bytes (GEMM1: by token id) with cp.async into
 //             the 128-byte-swizzled K-major layout wgmma reads, and arrive when they land;
-//   consumers: with two warpgroups, warpgroup c owns row blocks 8c .. 8c + 7 as two m64 tiles
-//             (with four, row blocks 4c .. 4c + 3 as one); per 16 k it widens its A fragments,
-//             issues its wgmmas and waits for the previous step's (so the A registers of one step
-//             are widened while the last step runs), releasing a stage once its last wgmma
-//             completed. Where the consumers run the MXFP8 epilogue themselves, four
-//             warpgroups of 104 registers run it faster than two (bench/NOTES.md, Session 4).
+//   consumers: warpgroup c owns row blocks 8c .. 8c + 7 as two m64 tiles; per 16 k it widens its
+//             A fragments, issues its wgmmas and waits for the previous step's (so the A registers
+//             of one step are widened while the last step runs), releasing a stage once its last
+//             wgmma completed.
 // Small N streams weights (decode-like, more stages in flight); large N reuses each widened
-// fragment over more tokens (prefill). On 2 consumer warpgroups a unit's wgmmas are only as wide
-// as its tile's rows rounded up to 16 or 32 (an expert's last tile is often a fraction of N), so
-// its tensor work shrinks with them; the producer still fills (zeros) the whole tile. 4 warpgroups
-// (104 registers) have room for one width only.
+// fragment over more tokens (prefill). A unit's wgmmas are only as wide as its tile's rows rounded
+// up to 16 or 32 (an expert's last tile is often a fraction of N), so its tensor work shrinks with
+// them; the producer still fills (zeros) the whole tile.
 // Epilogues store from the accumulators, whose per-warp layout is mma.sync's (rows g and g + 8 of
 // each 16 are gate and up of one output, by the W13 row order):
-//   GEMM1: act(h_gate, h_up) as bf16 (A16) or MXFP8 (group amax over the 4 warps of an m64 tile);
-//          staged (2 consumer warpgroups, N <= 96; N = 128 in MXFP8): the consumers write the
-//          accumulators (N = 128: the activation values) to shared memory and run the next unit
-//          while the epilogue warpgroup stores the activation (the two consumer warpgroups'
-//          epilogues coincide, so the tensor pipe idled through them: ~21 % of their samples at
-//          local28 T = 128; staged, GEMM1 ran 221 -> 208 us, bench/NOTES.md, Session 34);
+//   GEMM1: act(h_gate, h_up) as bf16 (A16) or MXFP8. Staged (N <= 96; N = 128 in MXFP8): the
+//          consumers write the accumulators (N = 128: the activation values) to shared memory and
+//          run the next unit while the epilogue warpgroup stores the activation (the two consumer
+//          warpgroups' epilogues coincide, so the tensor pipe idled through them: ~21 % of their
+//          samples at local28 T = 128; staged, GEMM1 ran 221 -> 208 us, bench/NOTES.md, Session
+//          34). A16 at N = 128: the consumers store it from the accumulators;
 //   GEMM2: fp32 rows.
 #include <cstdint>
 #include <type_traits>
@@ -59,13 +56,13 @@ namespace {
 // accumulators' staging does not fit beside 3 stages).
 enum class Staging { None, Accumulators, Activations };
 
-template <int kTokens_, int kConsumers_, Staging kStaging_ = Staging::None>
+template <int kTokens_, Staging kStaging_ = Staging::None>
 struct WgTile {
   static constexpr int kTokens = kTokens_;  // the wgmma N
-  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kConsumers = 2;      // warpgroups
   static constexpr Staging kStaging = kStaging_;
   static constexpr bool kStaged = kStaging != Staging::None;
-  static constexpr int kMTiles = 4 / kConsumers;  // m64 tiles per consumer warpgroup
+  static constexpr int kMTiles = 2;  // m64 tiles per consumer warpgroup
   static constexpr int kRowsPerCta = 64 * kMTiles * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers + kStaged);
   static constexpr int kChunkK = 128;
@@ -81,17 +78,16 @@ struct WgTile {
   static constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
   static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 1024;  // + the slack to align to 1024
   // The producer (and the staged epilogue) give their registers to the consumers, within the CTA's
-  // allocation at launch (kThreads x the launch bound's 168, 128 or 96): 128 x 40 + 128 kConsumers
+  // allocation at launch (kThreads x the launch bound's 168 or 128): 128 x 40 + 128 kConsumers
   // x kConsumerRegs (+ 128 x kEpilogueRegs) <= it, or setmaxnreg.inc waits forever.
   static constexpr int kProducerRegs = 40, kEpilogueRegs = 56;
-  static constexpr int kConsumerRegs = kConsumers == 4 ? 104 : kStaged ? 208 : 232;
+  static constexpr int kConsumerRegs = kStaged ? 208 : 232;
   // The unit widths (wgmma N) the consumers run: the multiples of this up to kTokens. NOTE: more
-  // variants of the chunk loop make ptxas serialize the wgmmas (at 104 registers any second one;
-  // at 232, eight of N = 128's activation kernel).
-  static constexpr int kWidthStep = kConsumers == 4 ? kTokens : kTokens == 128 ? 32 : 16;
+  // variants of the chunk loop make ptxas serialize the wgmmas (at 232 registers, eight of N =
+  // 128's activation kernel).
+  static constexpr int kWidthStep = kTokens == 128 ? 32 : 16;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs + 128 * kStaged * kEpilogueRegs <=
                 kThreads * (65536 / kThreads / 8 * 8));
-  static_assert(!kStaged || kConsumers == 2, "the staged epilogue serves 2 consumer warpgroups");
 
   static_assert(kRowsPerCta == layout::kGroupRowBlocks * layout::kBlockRows && wgmma_units_per_tile(kRowsPerCta) == 1,
                 "a unit is one row group");
@@ -312,50 +308,17 @@ __device__ __forceinline__ void for_each_turn(const WgAccumulators<T>& acc, int 
   }
 }
 
-// GEMM1's epilogue: act(h_gate, h_up) of 32 tokens x this warp's 8 outputs per turn, stored as bf16
-// (A16) or rounded to MXFP8 first (one MX group = 32 outputs of a token = an m64 tile's 8 outputs x
-// 4 warps: each warp's max |value| per token goes to s_amax, [2][warp][32 tokens], two buffers by
-// the parity of the turns taken (a unit narrower than the tile skips turns): a warp writes a buffer
-// again only after the next taken turn's barrier, which every warp passes after reading it). NOTE:
-// a rolled loop: unrolled over turns and m64 tiles, the epilogues' code missed the instruction
-// cache at every unit (ncu, local28 T = 1024, 2 x 2 warpgroups: mxfp8 1.98 ms against a16's 1.17,
-// "no instruction" stalls 1.62 against 0.47 per issue); rolled, a16 local28 T = 128 and 512 and
-// ep16 T = 8192 ran 4-6 % faster, T = 4096 1 % slower (bench/NOTES.md, Session 21).
+// GEMM1's unstaged epilogue (A16): act(h_gate, h_up) of 32 tokens x this warp's 8 outputs per turn,
+// stored as bf16. NOTE: a rolled loop: unrolled over turns and m64 tiles, the epilogues' code
+// missed the instruction cache at every unit (ncu, local28 T = 1024: "no instruction" stalls 1.62
+// per issue in mxfp8 against 0.47); rolled, a16 local28 T = 128 and 512 and ep16 T = 8192 ran 4-6 %
+// faster, T = 4096 1 % slower (bench/NOTES.md, Session 21).
 template <class T>
 __device__ __forceinline__ void store_activation(const ExpertGemmArgs& a, const GemmOutput& out, const WgUnit& unit,
-                                                 int width, int cwg, int warp, int lane, WgAccumulators<T>& acc,
-                                                 uint32_t* s_amax) {
+                                                 int width, int cwg, int warp, int lane, WgAccumulators<T>& acc) {
   constexpr int kTurns = T::kTokens / 32;
   const int g = lane / 4, col0 = 2 * (lane % 4), out_cols = a.N / 2;
-  const bool mx = out.mode == Mode::Mxfp8;
-  uint32_t* amax_col = s_amax + col0;
   for_each_turn<T>(acc, width, [&](int t, int q0, const float (&x)[16]) {
-    float v[4][2];
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) v[q][h] = fast_activation(out.activation, out.params, x[4 * q + h], x[4 * q + 2 + h]);
-    if (mx) {
-      uint32_t* amax = amax_col + (t / kTurns * ((width + 31) / 32) + t % kTurns) % 2 * 128;
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t bits = float_bits(v[q][h]) & 0x7FFFFFFFu;  // orders like |v|, NaN above Inf
-#pragma unroll
-          for (int offset = 4; offset < 32; offset *= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
-          if (g == 0) amax[warp * 32 + q * 8 + h] = bits;
-        }
-      ptx::named_barrier_sync(1 + cwg, 128);
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t* m = amax + q * 8 + h;
-          const uint32_t bits = max(max(m[0], m[32]), max(m[64], m[96]));
-          v[q][h] = round_to_mxfp8(v[q][h], mx_scale_round_up(bits_float(bits), kE4M3Max));
-        }
-    }
     const int j = (unit.group * layout::kGroupRowBlocks + cwg * 4 * T::kMTiles + t / kTurns * 4 + warp) * 8 + g;
 #pragma unroll
     for (int q = 0; q < 4; ++q)
@@ -363,7 +326,8 @@ __device__ __forceinline__ void store_activation(const ExpertGemmArgs& a, const 
       for (int h = 0; h < 2; ++h) {
         const int r = (q0 + q) * 8 + col0 + h;
         if (r < unit.tile.z && j < out_cols)
-          out.inter[int64_t(unit.tile.y + r) * out_cols + j] = float_to_bf16_bits(v[q][h]);
+          out.inter[int64_t(unit.tile.y + r) * out_cols + j] =
+              float_to_bf16_bits(fast_activation(out.activation, out.params, x[4 * q + h], x[4 * q + 2 + h]));
       }
   });
 }
@@ -388,13 +352,18 @@ __device__ __forceinline__ void store_rows(const ExpertGemmArgs& a, const GemmOu
 
 // The staged epilogue (T::kStaged): the consumers write a unit's accumulators (or activation
 // values) to shared memory and go on to the next unit; the epilogue warpgroup stores them. Token
-// row r holds output j's {gate, up} at byte 8 j (its activation at byte 4 j), the pieces of each
-// 128-byte bank window permuted by r / 2, so that a warp's store, rows r, r + 2, r + 4, r + 6, takes
-// as few wavefronts as its bytes need (two; one).
+// row r holds output j's {gate, up} at byte 8 j (its activation at byte 4 j), permuted in two ways
+// that keep both sides at the wavefronts their bytes need: the pieces of each 128-byte bank window
+// by r / 2, for the consumers' stores (a warp's rows r, r + 2, r + 4, r + 6: two wavefronts; one),
+// and the 16-byte pieces inside each aligned 64- (32-) byte run by bits 7-8 (7) of the byte, for
+// the epilogue warpgroup's loads (8 lanes of one row, 64 (32) contiguous bytes each: one wavefront
+// per 16-byte load; the consumers' runs stay in place).
 template <class T>
 __device__ __forceinline__ int staged_offset(int r, int byte) {
-  if constexpr (T::kStaging == Staging::Accumulators) return r * 1024 + (byte ^ (((r >> 1) & 1) << 6));
-  else return r * 512 + (byte ^ (((r >> 1) & 3) << 5));
+  if constexpr (T::kStaging == Staging::Accumulators)
+    return r * 1024 + (byte ^ (((r >> 1) & 1) << 6) ^ (((byte >> 7) & 3) << 4));
+  else
+    return r * 512 + (byte ^ (((r >> 1) & 3) << 5) ^ (((byte >> 7) & 1) << 4));
 }
 
 // What the epilogue warpgroup needs of a staged unit: its tile ({local expert, first row, rows,
@@ -438,14 +407,20 @@ __device__ __forceinline__ void stage_activations(uint8_t* staging, const GemmOu
   });
 }
 
-// The epilogue warpgroup: per staged unit, act(h_gate, h_up) of 2 outputs per thread and step as
-// bf16 (A16) or MXFP8 (a group of 32 outputs = 16 lanes), a warp storing 128 contiguous bytes of a
-// token row; then it frees the staging, and counts the unit's stores for GEMM2 as its consumer
-// warpgroups would have.
+// The epilogue warpgroup: per staged unit, act(h_gate, h_up) of 8 consecutive outputs of a token
+// row per thread and step as bf16 (A16) or MXFP8 (a group of 32 outputs = 4 lanes: two shuffles and
+// one scale per 8 values), 16 lanes storing a row's 256 contiguous bytes; then it frees the
+// staging, and counts the unit's stores for GEMM2 as its consumer warpgroups would have. NOTE: with
+// 2 outputs per thread (a group over 16 lanes, four shuffles and a scale per 2 values) the MXFP8
+// rounding kept this warpgroup busy longer than the consumers' next unit: GEMM1 at local28 T = 128
+// ran 246 us against 207 without the rounding (bench/NOTES.md, Session 35).
 constexpr int kEpilogueBarrier = 6;
+constexpr int kDrainOutputs = 8;  // per thread and step
 template <class T>
 __device__ __forceinline__ void drain_staging(const ExpertGemmArgs& a, const GemmOutput& out, const uint8_t* staging,
                                               const StagedUnit* s_unit, uint64_t* full, uint64_t* empty) {
+  constexpr int kRowThreads = 128 / kDrainOutputs;  // a row group's 128 outputs
+  constexpr int kGroupThreads = 32 / kDrainOutputs;  // an MX group's 32
   const int tid = threadIdx.x % 128, out_cols = a.N / 2;
   const bool mx = out.mode == Mode::Mxfp8;
   for (int n = 0;; ++n) {
@@ -453,30 +428,48 @@ __device__ __forceinline__ void drain_staging(const ExpertGemmArgs& a, const Gem
     const StagedUnit unit = *s_unit;
     if (unit.tile.z == 0) break;
     const int j0 = unit.group * layout::kGroupRowBlocks * 8;
+    // Whole warps take every step (the shuffles).
+    const int steps = (unit.tile.z * kRowThreads + 31) / 32 * 32;
 #pragma unroll 1
-    for (int idx = tid; idx < unit.tile.z * 64; idx += 128) {
-      const int r = idx / 64, p = idx % 64, j = j0 + 2 * p;
-      float v0, v1;
+    for (int idx = tid; idx < steps; idx += 128) {
+      const int r = idx / kRowThreads, p = idx % kRowThreads, j = j0 + kDrainOutputs * p;
+      const int row = min(r, unit.tile.z - 1);  // past the tile (whole warps): a row of it, not stored
+      float v[kDrainOutputs];
       if constexpr (T::kStaging == Staging::Accumulators) {
-        const float4 x = *reinterpret_cast<const float4*>(staging + staged_offset<T>(r, p * 16));
-        v0 = fast_activation(out.activation, out.params, x.x, x.y);
-        v1 = fast_activation(out.activation, out.params, x.z, x.w);
+#pragma unroll
+        for (int i = 0; i < kDrainOutputs / 2; ++i) {
+          const float4 x = *reinterpret_cast<const float4*>(staging + staged_offset<T>(row, (4 * p + i) * 16));
+          v[2 * i] = fast_activation(out.activation, out.params, x.x, x.y);
+          v[2 * i + 1] = fast_activation(out.activation, out.params, x.z, x.w);
+        }
       } else {
-        const float2 x = *reinterpret_cast<const float2*>(staging + staged_offset<T>(r, p * 8));
-        v0 = x.x;
-        v1 = x.y;
+#pragma unroll
+        for (int i = 0; i < kDrainOutputs / 4; ++i) {
+          const float4 x = *reinterpret_cast<const float4*>(staging + staged_offset<T>(row, (2 * p + i) * 16));
+          v[4 * i] = x.x;
+          v[4 * i + 1] = x.y;
+          v[4 * i + 2] = x.z;
+          v[4 * i + 3] = x.w;
+        }
       }
       if (mx) {
-        uint32_t bits = max(float_bits(v0) & 0x7FFFFFFFu, float_bits(v1) & 0x7FFFFFFFu);  // NaN above Inf
+        uint32_t bits = 0;
 #pragma unroll
-        for (int offset = 1; offset < 16; offset *= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
-        const uint8_t scale = mx_scale_round_up(bits_float(bits), kE4M3Max);
-        v0 = round_to_mxfp8(v0, scale);
-        v1 = round_to_mxfp8(v1, scale);
+        for (int i = 0; i < kDrainOutputs; ++i) bits = max(bits, magnitude_bits(v[i]));
+#pragma unroll
+        for (int offset = 1; offset < kGroupThreads; offset *= 2)
+          bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+        const Mxfp8Scale scale(mx_scale_round_up(bits_float(bits), kE4M3Max));
+#pragma unroll
+        for (int i = 0; i < kDrainOutputs; i += 2) scale.round2(v[i], v[i + 1]);
       }
-      if (j < out_cols)
-        *reinterpret_cast<uint32_t*>(out.inter + int64_t(unit.tile.y + r) * out_cols + j) =
-            uint32_t(float_to_bf16_bits(v0)) | uint32_t(float_to_bf16_bits(v1)) << 16;
+      uint32_t packed[kDrainOutputs / 2];
+#pragma unroll
+      for (int i = 0; i < kDrainOutputs / 2; ++i)
+        packed[i] = uint32_t(float_to_bf16_bits(v[2 * i])) | uint32_t(float_to_bf16_bits(v[2 * i + 1])) << 16;
+      if (r < unit.tile.z && j < out_cols)
+        *reinterpret_cast<uint4*>(out.inter + int64_t(unit.tile.y + r) * out_cols + j) =
+            make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
     ptx::mbarrier_arrive(empty);
     ptx::named_barrier_sync(kEpilogueBarrier, 128);
@@ -490,7 +483,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   __shared__ __align__(8) uint64_t s_full[T::kStages], s_empty[T::kStages];
-  __shared__ uint32_t s_amax[T::kConsumers][2 * 4 * 32];
   __shared__ __align__(16) uint32_t s_rows[T::kTokens];
   __shared__ int4 s_units[T::kStages];
   __shared__ int s_next;
@@ -503,8 +495,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
       ptx::mbarrier_init(&s_full[s], 1 + 128);  // the bulk copies' arrival + 128 cp.async threads
       ptx::mbarrier_init(&s_empty[s], 4 * T::kConsumers);  // one per consumer warp
     }
-    ptx::mbarrier_init(&s_staged_full, 128 * T::kConsumers);
-    ptx::mbarrier_init(&s_staged_empty, 128);
+    if constexpr (T::kStaged) {
+      ptx::mbarrier_init(&s_staged_full, 128 * T::kConsumers);
+      ptx::mbarrier_init(&s_staged_empty, 128);
+    }
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
@@ -579,7 +573,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
       continue;
     }
     if constexpr (kEpi == Epilogue::Activation)
-      store_activation<T>(a, out, unit, width, cwg, warp, lane, acc, s_amax[cwg]);
+      store_activation<T>(a, out, unit, width, cwg, warp, lane, acc);
     else
       store_rows<T>(a, out, unit, width, cwg, warp, lane, acc);
     if (lane == 0) mark_end(a.times);  // per unit: after the loop, the mark made ptxas spill
@@ -599,20 +593,19 @@ void configure_kernels() {
                                         T::kSmemBytes));
 }
 
-// GEMM1 on 2 consumer warpgroups: the accumulators staged where they fit beside 3 stages; at
-// N = 128 the activation values in MXFP8 (the rounding's amax exchange is what the staging saves
-// the consumers), none in A16 (there the stage the staging takes cost more than the epilogue it
-// moved: local28 T = 512 / 4096 +1.6 / +1.3 %, bench/NOTES.md, Session 34).
+// GEMM1 staged: the accumulators where they fit beside 3 stages; at N = 128 the activation values
+// in MXFP8 (the rounding is what the staging saves the consumers: against 4 consumer warpgroups
+// that rounded themselves, local28 T = 512 / 4096 ran 4 / 6 % faster, bench/NOTES.md, Sessions 34
+// and 35), none in A16 (there the stage the staging takes cost as much as the epilogue it moved
+// or more: local28 T = 512 / 4096 +1.6 / +1.3 % in Session 34, within +-0.5 % in Session 35).
 template <int kTokens>
-using Gemm1Staged = WgTile<kTokens, 2, kTokens <= 96 ? Staging::Accumulators : Staging::Activations>;
+using Gemm1Staged = WgTile<kTokens, kTokens <= 96 ? Staging::Accumulators : Staging::Activations>;
 
-// GEMM1 on 2 or 4 consumer warpgroups, GEMM2 on 2 (see launch_expert_gemm_wgmma).
 template <int kTokens>
 void configure_tiles() {
   configure_kernels<Gemm1Staged<kTokens>, Epilogue::Activation>();
-  if constexpr (kTokens == 128) configure_kernels<WgTile<kTokens, 2>, Epilogue::Activation>();
-  configure_kernels<WgTile<kTokens, 4>, Epilogue::Activation>();
-  configure_kernels<WgTile<kTokens, 2>, Epilogue::Rows>();
+  if constexpr (kTokens == 128) configure_kernels<WgTile<kTokens>, Epilogue::Activation>();
+  configure_kernels<WgTile<kTokens>, Epilogue::Rows>();
 }
 
 template <class T, Epilogue kEpi>
@@ -621,11 +614,10 @@ void launch_kernel(const ExpertGemmArgs& args, const GemmOutput& out, cudaStream
 }
 
 template <int kTokens>
-void launch_tiles(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, int consumers, cudaStream_t stream) {
-  if (!gemm1) return launch_kernel<WgTile<kTokens, 2>, Epilogue::Rows>(args, out, stream);
-  if (consumers == 4) return launch_kernel<WgTile<kTokens, 4>, Epilogue::Activation>(args, out, stream);
+void launch_tiles(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, cudaStream_t stream) {
+  if (!gemm1) return launch_kernel<WgTile<kTokens>, Epilogue::Rows>(args, out, stream);
   if constexpr (kTokens == 128)
-    if (out.mode == Mode::A16) return launch_kernel<WgTile<kTokens, 2>, Epilogue::Activation>(args, out, stream);
+    if (out.mode == Mode::A16) return launch_kernel<WgTile<kTokens>, Epilogue::Activation>(args, out, stream);
   return launch_kernel<Gemm1Staged<kTokens>, Epilogue::Activation>(args, out, stream);
 }
 
@@ -641,15 +633,12 @@ void configure_expert_gemm_wgmma_kernels() {
 void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out, int tokens, int consumer_warps,
                               bool gemm1, cudaStream_t stream) {
   K3MOE_CHECK(args.splits == 1, "the wgmma expert GEMMs keep K whole, got ", args.splits, " splits");
-  K3MOE_CHECK(consumer_warps == 8 || consumer_warps == 16,
-              "the wgmma expert GEMMs run 8 or 16 consumer warps (2 or 4 warpgroups), got ", consumer_warps);
-  K3MOE_CHECK(gemm1 || consumer_warps == 8, "the wgmma GEMM2 runs 8 consumer warps, got ", consumer_warps);
-  const int consumers = consumer_warps / 4;
+  K3MOE_CHECK(consumer_warps == 8, "the wgmma expert GEMMs run 8 consumer warps (2 warpgroups), got ", consumer_warps);
   switch (tokens) {
-    case 32: return launch_tiles<32>(args, out, gemm1, consumers, stream);
-    case 64: return launch_tiles<64>(args, out, gemm1, consumers, stream);
-    case 96: return launch_tiles<96>(args, out, gemm1, consumers, stream);
-    case 128: return launch_tiles<128>(args, out, gemm1, consumers, stream);
+    case 32: return launch_tiles<32>(args, out, gemm1, stream);
+    case 64: return launch_tiles<64>(args, out, gemm1, stream);
+    case 96: return launch_tiles<96>(args, out, gemm1, stream);
+    case 128: return launch_tiles<128>(args, out, gemm1, stream);
     default: K3MOE_CHECK(false, "the wgmma expert GEMMs take tiles of 32, 64, 96 or 128 tokens, got ", tokens);
   }
 }

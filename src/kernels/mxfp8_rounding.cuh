@@ -35,7 +35,7 @@ __device__ __forceinline__ void quantize_piece(const Mxfp8Rounding& job, int64_t
 #pragma unroll
   for (int i = 0; i < kMxPiece; ++i) {
     values[i] = bf16_bits_to_float(h[i]);
-    amax_bits = max(amax_bits, float_bits(values[i]) & 0x7FFFFFFFu);
+    amax_bits = max(amax_bits, magnitude_bits(values[i]));
   }
 #pragma unroll
   for (int offset = 1; offset < kMxPieceLanes; offset *= 2)

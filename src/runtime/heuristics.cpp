@@ -71,7 +71,7 @@ kernels::TokenTile tile_of(GemmKernel kernel, int tokens) {
 }  // namespace
 
 KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, int sm_count, GemmKernel forced_kernel,
-                            int forced_tile, Mode mode) {
+                            int forced_tile) {
   KernelChoice k;
   const double local = ep.num_local(c.num_experts);
   k.expected_rows_per_expert = double(tokens) * c.top_k / c.num_experts;
@@ -97,19 +97,17 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   }
   k.weights_once = rows <= kernels::tile_tokens(k.token_tile);
   if (kernels::tile_uses_wgmma(k.token_tile)) {  // K whole
-    // NOTE: GEMM2 has no MXFP8 rounding in either mode; with 4 warpgroups it ran mxfp8 local28
-    // T = 128 3 % slower, T = 4096 and ep16 T = 8192 within the spread (bench/NOTES.md, Session 20).
-    // On 2 consumer warpgroups GEMM1 rounds to MXFP8 in its epilogue warpgroup (staged), which
-    // beats 4 warpgroups up to ~4 tiles per expert, where partial tiles (narrower wgmmas on 2) are
-    // a large share (mxfp8 local28 T = 40 / 64 / 128 / 512: 222 / 270 / 334 / 1070 us on 4 against
-    // 210 / 242 / 322 / 1027 staged, ep16 T = 8192 1298 against 1200); from T = 1024 they tie
-    // and at T = 4096 / 16384 4 warpgroups run 1 % faster (bench/NOTES.md, Session 34).
-    k.gemm1_warps = mode == Mode::Mxfp8 && rows > 512.0 ? 16 : 8;
+    // NOTE: 2 consumer warpgroups in both GEMMs and modes. GEMM1 rounds to MXFP8 in its epilogue
+    // warpgroup (staged); 4 consumer warpgroups that rounded in their own epilogue (one m64 tile
+    // each, one unit width) lost at every T once that warpgroup took 8 outputs per thread (mxfp8
+    // local28 T = 1024 / 4096 / 16384: 1832 / 7364 / 29246 us on 4 against 1680 / 6920 / 27399;
+    // bench/NOTES.md, Sessions 34 and 35). GEMM2 has no MXFP8 rounding.
+    k.gemm1_warps = 8;
     k.gemm2_warps = 8;
     // NOTE: on 2 consumer warpgroups an expert's last, partial tile runs narrower wgmmas (the
     // kernel's unit widths), at every T since the epilogues became rolled loops (against the tile's
     // width, local28 a16: T = 2048 -3..-5 %, 4096 -1.4 %, 8192 -1.6 %, 16384 -1.1 %; bench/NOTES.md,
-    // Session 22); GEMM1 in mxfp8 above 512 rows runs 4 warpgroups, which have one width.
+    // Session 22).
     return k;
   }
   if (k.token_tile == kernels::TokenTile::T32 && rows >= 64.0) k.gemm1_warps = k.gemm2_warps = 8;
