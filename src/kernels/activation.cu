@@ -83,17 +83,7 @@ __global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? 5 : 3) activation_
                         fast_activation(a.activation, a.params, g.y, u.y),
                         fast_activation(a.activation, a.params, g.z, u.z),
                         fast_activation(a.activation, a.params, g.w, u.w)};
-    if (a.mode == Mode::Mxfp8) {
-      uint32_t amax_bits = 0;  // |v| as bits: NaN orders above Inf
-#pragma unroll
-      for (int i = 0; i < kVector; ++i) amax_bits = max(amax_bits, magnitude_bits(v[i]));
-#pragma unroll
-      for (int offset = 1; offset < kGroupLanes; offset *= 2)
-        amax_bits = max(amax_bits, __shfl_xor_sync(0xFFFFFFFFu, amax_bits, offset));
-      const Mxfp8Scale scale(mx_scale_round_up(bits_float(amax_bits), kE4M3Max));
-#pragma unroll
-      for (int i = 0; i < kVector; i += 2) scale.round2(v[i], v[i + 1]);
-    }
+    if (a.mode == Mode::Mxfp8) round_group_to_mxfp8<kVector, kGroupLanes>(v);
     const uint2 packed{uint32_t(float_to_bf16_bits(v[0])) | (uint32_t(float_to_bf16_bits(v[1])) << 16),
                        uint32_t(float_to_bf16_bits(v[2])) | (uint32_t(float_to_bf16_bits(v[3])) << 16)};
     *reinterpret_cast<uint2*>(a.inter + row * a.intermediate + j) = packed;

@@ -452,17 +452,7 @@ __device__ __forceinline__ void drain_staging(const ExpertGemmArgs& a, const Gem
           v[4 * i + 3] = x.w;
         }
       }
-      if (mx) {
-        uint32_t bits = 0;
-#pragma unroll
-        for (int i = 0; i < kDrainOutputs; ++i) bits = max(bits, magnitude_bits(v[i]));
-#pragma unroll
-        for (int offset = 1; offset < kGroupThreads; offset *= 2)
-          bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
-        const Mxfp8Scale scale(mx_scale_round_up(bits_float(bits), kE4M3Max));
-#pragma unroll
-        for (int i = 0; i < kDrainOutputs; i += 2) scale.round2(v[i], v[i + 1]);
-      }
+      if (mx) round_group_to_mxfp8<kDrainOutputs, kGroupThreads>(v);
       uint32_t packed[kDrainOutputs / 2];
 #pragma unroll
       for (int i = 0; i < kDrainOutputs / 2; ++i)

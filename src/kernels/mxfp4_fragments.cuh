@@ -83,4 +83,20 @@ struct Mxfp8Scale {
 };
 __device__ __forceinline__ float round_to_mxfp8(float v, uint8_t s) { return Mxfp8Scale(s).round(v); }
 
+// This lane's kValues values rounded to MXFP8 in place, their group of 32 spread over kLanes
+// adjacent lanes (kLanes x kValues = 32, lanes aligned to kLanes): the group's amax by shuffles,
+// so every lane of the warp takes part.
+template <int kValues, int kLanes>
+__device__ __forceinline__ void round_group_to_mxfp8(float (&v)[kValues]) {
+  static_assert(kValues * kLanes == 32 && kValues % 2 == 0, "an MX group of 32, rounded in pairs");
+  uint32_t bits = 0;
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) bits = max(bits, magnitude_bits(v[i]));
+#pragma unroll
+  for (int offset = 1; offset < kLanes; offset *= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, offset));
+  const Mxfp8Scale scale(mx_scale_round_up(bits_float(bits), kE4M3Max));
+#pragma unroll
+  for (int i = 0; i < kValues; i += 2) scale.round2(v[i], v[i + 1]);
+}
+
 }  // namespace k3moe::kernels
