@@ -157,8 +157,9 @@ std::string KernelChoice::describe() const {
     const int n = kernels::tile_tokens(token_tile);
     std::snprintf(buf, sizeof buf,
                   "expert GEMMs: wgmma bf16 m64n%dk16, persistent CTAs (1 producer + %d consumer warpgroups in GEMM1, "
-                  "%d in GEMM2) over units of 256 weight rows x %d tokens (on 2 warpgroups, wgmma N: the tile's rows rounded "
-                  "up), K whole%s; GEMM2 takes units in order, "
+                  "%d in GEMM2; GEMM1's activation stored by an epilogue warpgroup, but for A16 at 128 tokens) over units "
+                  "of 256 weight rows x %d tokens (wgmma N: the tile's rows rounded up), K whole%s; GEMM2 takes units in "
+                  "order, "
                   "each once GEMM1 has stored its token tile (expected %.1f active experts, %.1f rows each)",
                   n, gemm1_warps / 4, gemm2_warps / 4, n,
                   weights_once ? ", weights read once (L2 evict_first)" : "",

@@ -75,7 +75,7 @@ TEST(Heuristics, DecodeSplitsGemm2SoEverySmStreams) {
   EXPECT_EQ(big.token_tile, kernels::TokenTile::Wg128);
   EXPECT_EQ(big.gemm1_splits, 1);
   EXPECT_EQ(big.gemm2_splits, 1);
-  EXPECT_EQ(big.gemm1_warps, 8);  // 2 consumer warpgroups of 2 m64 tiles for the bf16 epilogue
+  EXPECT_EQ(big.gemm1_warps, 8);  // 2 consumer warpgroups of 2 m64 tiles
   EXPECT_EQ(big.gemm2_warps, 8);
   // 2 consumer warpgroups at every T (MXFP8's rounding runs in GEMM1's epilogue warpgroup).
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 16384, 132).gemm1_warps, 8);
