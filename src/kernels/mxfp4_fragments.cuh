@@ -62,26 +62,22 @@ __device__ __forceinline__ void widen_step(const uint4& code, const BlockMultipl
   else scale_pairs<1>(afrag, mult);
 }
 
-// v rounded to the MXFP8 value of its group (E8M0 scale s), held exactly by a float: the
+// Values rounded to the MXFP8 values of their group (E8M0 scale s), held exactly by floats: the
 // hardware conversion to E4M3 (round to nearest even, saturating to +-448, NaN kept) gives the
 // codes of formats.h's float_to_e4m3 (tests/gpu/test_mxfp8_rounding.cu checks every case class),
 // and E4M3 widens exactly through f16.
-// The two powers of two are computed once per scale, and values of one group round two at a time.
+// The two powers of two are computed once per scale; values of one group round two at a time.
 struct Mxfp8Scale {
   float down, up;  // 2^(127 - s) (NaN for the NaN scale: scale_down_by_e8m0), 2^(s - 127)
   __device__ __forceinline__ explicit Mxfp8Scale(uint8_t s)
       : down(s == kE8M0NaN ? bits_float(0x7FC00000u) : e8m0_to_float(static_cast<uint8_t>(254 - s))),
         up(e8m0_to_float(s)) {}
-  __device__ __forceinline__ float round(float v) const {
-    return ptx::widen_e4m3x2(ptx::cvt_e4m3x2(v * down, 0.0f)).x * up;
-  }
   __device__ __forceinline__ void round2(float& a, float& b) const {
     const float2 w = ptx::widen_e4m3x2(ptx::cvt_e4m3x2(a * down, b * down));
     a = w.x * up;
     b = w.y * up;
   }
 };
-__device__ __forceinline__ float round_to_mxfp8(float v, uint8_t s) { return Mxfp8Scale(s).round(v); }
 
 // This lane's kValues values rounded to MXFP8 in place, their group of 32 spread over kLanes
 // adjacent lanes (kLanes x kValues = 32, lanes aligned to kLanes): the group's amax by shuffles,
