@@ -18,15 +18,21 @@
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
+#ifndef K3MOE_COMBINE_BLOCKS
+#define K3MOE_COMBINE_BLOCKS 6
+#endif
+
 namespace k3moe::kernels {
 namespace {
 
 constexpr int kThreads = 256;
 // NOTE: 8 blocks of 128 per SM leave the outputs kernel 64 registers (59 used at top-16); holding
 // all 16 slots' values at once took 86-104, 4-5 blocks per SM, and ~1-2 us more at ep16 T = 256
-// (bench/NOTES.md, Session 12).
+// (bench/NOTES.md, Session 12). Without the split loop (kMaxSplits 1) ptxas hoists all 16 loads
+// and spills at 64.
 constexpr int kOutputThreads = 128;
-constexpr int kOutputBlocksPerSm = 8;
+template <int kMaxSplits>
+constexpr int kOutputBlocksPerSm = kMaxSplits == 1 ? K3MOE_COMBINE_BLOCKS : 8;
 
 // Slot k's row of y (-1: none). The permutation wrote it and completed before GEMM2 started (the
 // launches' chain of waits), so the kernels load it (or ask L1 for it) before their own wait.
@@ -35,14 +41,16 @@ __device__ __forceinline__ int32_t slot_row_of(const CombineArgs& a, int token, 
 }
 
 // A slot's contribution to outputs h .. h + 3 of its token: w * (sum of the splits of its row), or
-// zeros (row -1).
+// zeros (row -1). kMaxSplits: 1 where GEMM2 kept K whole (the wgmma path), so that the split loop's
+// predicated loads and adds are not issued at all (they were ~7 of every 8 instructions).
+template <int kMaxSplits>
 __device__ __forceinline__ float4 slot_term(const CombineArgs& a, int32_t row, float w, int h) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   if (row >= 0 && h < a.hidden) {
     const float* y = a.y + int64_t(row) * a.hidden + h;
     v = *reinterpret_cast<const float4*>(y);
 #pragma unroll
-    for (int s = 1; s < kMaxCombineSplits; ++s)
+    for (int s = 1; s < kMaxSplits; ++s)
       if (s < a.splits) {
         const float4 part = *reinterpret_cast<const float4*>(y + s * a.split_stride);
         v.x += part.x;
@@ -57,8 +65,9 @@ __device__ __forceinline__ float4 slot_term(const CombineArgs& a, int32_t row, f
 }
 
 // Slot k of `token`: its weight read only where its row is local.
+template <int kMaxSplits>
 __device__ __forceinline__ float4 slot_term(const CombineArgs& a, int token, int k, int32_t row, int h) {
-  return slot_term(a, row, row >= 0 && h < a.hidden ? a.weights[int64_t(token) * a.top_k + k] : 0.0f, h);
+  return slot_term<kMaxSplits>(a, row, row >= 0 && h < a.hidden ? a.weights[int64_t(token) * a.top_k + k] : 0.0f, h);
 }
 
 __device__ __forceinline__ void store_outputs(const CombineArgs& a, int token, int h, float4 v) {
@@ -67,6 +76,7 @@ __device__ __forceinline__ void store_outputs(const CombineArgs& a, int token, i
   *reinterpret_cast<uint2*>(a.out + int64_t(token) * a.hidden + h) = packed;
 }
 
+template <int kMaxSplits>
 __global__ void __launch_bounds__(kThreads) combine_lanes_kernel(CombineArgs a, int group) {
   const int token = blockIdx.x, k = threadIdx.x % group;
   const int h = (blockIdx.y * (kThreads / group) + threadIdx.x / group) * 4;
@@ -75,7 +85,7 @@ __global__ void __launch_bounds__(kThreads) combine_lanes_kernel(CombineArgs a, 
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   if (threadIdx.x == 0) mark_wait(a.times);
-  float4 v = slot_term(a, token, k, row, h);
+  float4 v = slot_term<kMaxSplits>(a, token, k, row, h);
   // NOTE: lanes i and i ^ offset add the same two values, so every lane of the group ends with the
   // same, order-fixed sum.
   for (int offset = 1; offset < group; offset *= 2) {
@@ -90,19 +100,19 @@ __global__ void __launch_bounds__(kThreads) combine_lanes_kernel(CombineArgs a, 
 
 // The butterfly's tree evaluated leaf by leaf (post-order): only one path of partial sums lives, so
 // a thread needs few registers and more of them are resident (absent slots load nothing).
-template <int kLo, int kHi>
+template <int kMaxSplits, int kLo, int kHi>
 __device__ __forceinline__ float4 subtree(const CombineArgs& a, int token, int h) {
   if constexpr (kHi - kLo == 1) {
-    return slot_term(a, token, kLo, slot_row_of(a, token, kLo), h);
+    return slot_term<kMaxSplits>(a, token, kLo, slot_row_of(a, token, kLo), h);
   } else {
     constexpr int kMid = (kLo + kHi) / 2;
-    const float4 l = subtree<kLo, kMid>(a, token, h), r = subtree<kMid, kHi>(a, token, h);
+    const float4 l = subtree<kMaxSplits, kLo, kMid>(a, token, h), r = subtree<kMaxSplits, kMid, kHi>(a, token, h);
     return make_float4(l.x + r.x, l.y + r.y, l.z + r.z, l.w + r.w);
   }
 }
 
-template <int kGroup>
-__global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm) combine_outputs_kernel(CombineArgs a) {
+template <int kGroup, int kMaxSplits>
+__global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm<kMaxSplits>) combine_outputs_kernel(CombineArgs a) {
   const int quads = a.hidden / 4;
   const int64_t index = int64_t(blockIdx.x) * kOutputThreads + threadIdx.x;
   mark_start(a.times);
@@ -112,7 +122,7 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm) combine_ou
   ptx::griddepcontrol_wait();
   ptx::griddepcontrol_launch_dependents();
   if (threadIdx.x == 0) mark_wait(a.times);
-  store_outputs(a, token, h, subtree<0, kGroup>(a, token, h));
+  store_outputs(a, token, h, subtree<kMaxSplits, 0, kGroup>(a, token, h));
   if (threadIdx.x == 0) mark_end(a.times);
 }
 
@@ -135,8 +145,8 @@ __device__ __forceinline__ float4 tree_of_two(float4 a, float4 b, int i, int j, 
   return (2 << level) < group ? plus_zero(s) : s;
 }
 
-template <int kGroup>
-__global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm) combine_token_warps_kernel(CombineArgs a) {
+template <int kGroup, int kMaxSplits>
+__global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm<kMaxSplits>) combine_token_warps_kernel(CombineArgs a) {
   const int quads = a.hidden / 4, lane = threadIdx.x % 32;
   const int warps_per_token = (quads + 127) / 128;
   const int64_t warp = (int64_t(blockIdx.x) * kOutputThreads + threadIdx.x) / 32;
@@ -154,7 +164,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm) combine_to
 #pragma unroll 1
     for (int q = 0; q < 4; ++q)
       if ((quad0 + 32 * q) * 4 < a.hidden)
-        store_outputs(a, token, (quad0 + 32 * q) * 4, subtree<0, kGroup>(a, token, (quad0 + 32 * q) * 4));
+        store_outputs(a, token, (quad0 + 32 * q) * 4,
+                      subtree<kMaxSplits, 0, kGroup>(a, token, (quad0 + 32 * q) * 4));
   } else {  // at most two local slots: their terms for the four quads, loaded together
     const int i = present ? __ffs(present) - 1 : 0;
     const int j = __popc(present) == 2 ? 31 - __clz(present) : -1;
@@ -164,8 +175,8 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm) combine_to
     float4 term_i[4], term_j[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      term_i[q] = slot_term(a, row_i, w_i, (quad0 + 32 * q) * 4);
-      term_j[q] = slot_term(a, j < 0 ? -1 : row_j, w_j, (quad0 + 32 * q) * 4);
+      term_i[q] = slot_term<kMaxSplits>(a, row_i, w_i, (quad0 + 32 * q) * 4);
+      term_j[q] = slot_term<kMaxSplits>(a, j < 0 ? -1 : row_j, w_j, (quad0 + 32 * q) * 4);
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q)
@@ -175,19 +186,38 @@ __global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm) combine_to
   if (threadIdx.x == 0) mark_end(a.times);
 }
 
-template <int kGroup>
+template <int kGroup, int kMaxSplits>
 void launch_outputs(const CombineArgs& a, cudaStream_t stream) {
   const bool token_warps = a.mapping == CombineMapping::TokenWarps ||
                            (a.mapping == CombineMapping::Auto && a.mostly_remote && a.tokens >= kCombineTokenWarpsFrom);
   if (token_warps) {
     const int64_t threads = int64_t(a.tokens) * ((a.hidden / 4 + 127) / 128) * 32;
-    return launch_dependent(combine_token_warps_kernel<kGroup>,
+    return launch_dependent(combine_token_warps_kernel<kGroup, kMaxSplits>,
                             dim3(unsigned((threads + kOutputThreads - 1) / kOutputThreads)), kOutputThreads, 0, stream,
                             a);
   }
   const int64_t threads = int64_t(a.tokens) * (a.hidden / 4);
-  launch_dependent(combine_outputs_kernel<kGroup>, dim3(unsigned((threads + kOutputThreads - 1) / kOutputThreads)),
+  launch_dependent(combine_outputs_kernel<kGroup, kMaxSplits>, dim3(unsigned((threads + kOutputThreads - 1) / kOutputThreads)),
                    kOutputThreads, 0, stream, a);
+}
+
+template <int kMaxSplits>
+void launch_combine_kernel(const CombineArgs& args, int group, cudaStream_t stream) {
+  const bool by_output = args.mapping == CombineMapping::ThreadPerOutputs || args.mapping == CombineMapping::TokenWarps ||
+                         (args.mapping == CombineMapping::Auto && args.tokens >= kCombineThreadPerOutputsFrom);
+  if (by_output) {
+    switch (group) {
+      case 1: return launch_outputs<1, kMaxSplits>(args, stream);
+      case 2: return launch_outputs<2, kMaxSplits>(args, stream);
+      case 4: return launch_outputs<4, kMaxSplits>(args, stream);
+      case 8: return launch_outputs<8, kMaxSplits>(args, stream);
+      case 16: return launch_outputs<16, kMaxSplits>(args, stream);
+      default: break;  // larger top_k: the lane groups
+    }
+  }
+  const int outputs_per_block = kThreads / group * 4;
+  const dim3 grid(args.tokens, (args.hidden + outputs_per_block - 1) / outputs_per_block);
+  launch_dependent(combine_lanes_kernel<kMaxSplits>, grid, kThreads, 0, stream, args, group);
 }
 
 }  // namespace
@@ -198,21 +228,8 @@ void launch_combine(const CombineArgs& args, cudaStream_t stream) {
               kMaxCombineSplits, ", got ", args.splits);
   int group = 1;
   while (group < args.top_k) group *= 2;
-  const bool by_output = args.mapping == CombineMapping::ThreadPerOutputs || args.mapping == CombineMapping::TokenWarps ||
-                         (args.mapping == CombineMapping::Auto && args.tokens >= kCombineThreadPerOutputsFrom);
-  if (by_output) {
-    switch (group) {
-      case 1: return launch_outputs<1>(args, stream);
-      case 2: return launch_outputs<2>(args, stream);
-      case 4: return launch_outputs<4>(args, stream);
-      case 8: return launch_outputs<8>(args, stream);
-      case 16: return launch_outputs<16>(args, stream);
-      default: break;  // larger top_k: the lane groups
-    }
-  }
-  const int outputs_per_block = kThreads / group * 4;
-  const dim3 grid(args.tokens, (args.hidden + outputs_per_block - 1) / outputs_per_block);
-  launch_dependent(combine_lanes_kernel, grid, kThreads, 0, stream, args, group);
+  if (args.splits == 1) return launch_combine_kernel<1>(args, group, stream);
+  launch_combine_kernel<kMaxCombineSplits>(args, group, stream);
 }
 
 }  // namespace k3moe::kernels

@@ -231,10 +231,10 @@ TEST(ActivationStage, RefusesMoreRowsThanItsIndicesHold) {
 }
 
 // The three mappings give the same bits (tokens with some, all or none of their slots local), and
-// the host's tree.
-TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
-  K3MOE_REQUIRE_GPU();
-  const int T = 70, K = 16, H = 256, splits = 2, rows = T * K;
+// the host's tree, with GEMM2's K split (the split loop's kernels) and kept whole (those without it).
+void check_combine_mappings(int splits) {
+  SCOPED_TRACE("splits " + std::to_string(splits));
+  const int T = 70, K = 16, H = 256, rows = T * K;
   std::mt19937_64 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> y(size_t(splits) * rows * H), w(size_t(T) * K);
@@ -284,7 +284,11 @@ TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
       float t[K];
       for (int k = 0; k < K; ++k) {
         const int32_t row = slot_row[size_t(token) * K + k];
-        t[k] = row < 0 ? 0.0f : w[size_t(token) * K + k] * (y[size_t(row) * H + h] + y[size_t(rows + row) * H + h]);
+        t[k] = 0.0f;
+        if (row < 0) continue;
+        float sum = y[size_t(row) * H + h];
+        for (int s = 1; s < splits; ++s) sum += y[(size_t(s) * rows + row) * H + h];
+        t[k] = w[size_t(token) * K + k] * sum;
       }
       for (int width = 1; width < K; width *= 2)
         for (int k = 0; k < K; k += 2 * width) t[k] += t[k + width];
@@ -293,6 +297,12 @@ TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
           << "token " << token << ", output " << h << ": host " << t[0] << ", kernel " << bf16_bits_to_float(got);
     }
   }
+}
+
+TEST(CombineKernel, LaneGroupsAndThreadPerOutputsGiveTheSameBits) {
+  K3MOE_REQUIRE_GPU();
+  check_combine_mappings(1);
+  check_combine_mappings(2);
 }
 
 TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
