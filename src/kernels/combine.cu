@@ -18,21 +18,24 @@
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
-#ifndef K3MOE_COMBINE_BLOCKS
-#define K3MOE_COMBINE_BLOCKS 6
-#endif
 
 namespace k3moe::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+// The kernels are compiled for at most 1, 2, 4 or 8 splits (GEMM2's K ranges; 1 on the wgmma path):
+// the split loop's predicated loads and adds are issued whether a split exists or not, and at 8
+// they were ~7 of every 8 instructions of a one-split combine (local28 T = 4096: 322 -> 233 us alone
+// without them, DRAM 62 -> 86 % of peak; bench/NOTES.md, Session 36).
+constexpr int combine_max_splits(int splits) { return splits == 1 ? 1 : splits == 2 ? 2 : splits <= 4 ? 4 : 8; }
+static_assert(kMaxCombineSplits == 8);
 // NOTE: 8 blocks of 128 per SM leave the outputs kernel 64 registers (59 used at top-16); holding
 // all 16 slots' values at once took 86-104, 4-5 blocks per SM, and ~1-2 us more at ep16 T = 256
-// (bench/NOTES.md, Session 12). Without the split loop (kMaxSplits 1) ptxas hoists all 16 loads
-// and spills at 64.
+// (bench/NOTES.md, Session 12). With fewer splits ptxas hoists more loads: the most blocks at
+// which it does not spill.
 constexpr int kOutputThreads = 128;
 template <int kMaxSplits>
-constexpr int kOutputBlocksPerSm = kMaxSplits == 1 ? K3MOE_COMBINE_BLOCKS : 8;
+constexpr int kOutputBlocksPerSm = kMaxSplits == 1 ? 6 : kMaxSplits == 4 ? 7 : 8;
 
 // Slot k's row of y (-1: none). The permutation wrote it and completed before GEMM2 started (the
 // launches' chain of waits), so the kernels load it (or ask L1 for it) before their own wait.
@@ -41,8 +44,7 @@ __device__ __forceinline__ int32_t slot_row_of(const CombineArgs& a, int token, 
 }
 
 // A slot's contribution to outputs h .. h + 3 of its token: w * (sum of the splits of its row), or
-// zeros (row -1). kMaxSplits: 1 where GEMM2 kept K whole (the wgmma path), so that the split loop's
-// predicated loads and adds are not issued at all (they were ~7 of every 8 instructions).
+// zeros (row -1).
 template <int kMaxSplits>
 __device__ __forceinline__ float4 slot_term(const CombineArgs& a, int32_t row, float w, int h) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -228,8 +230,12 @@ void launch_combine(const CombineArgs& args, cudaStream_t stream) {
               kMaxCombineSplits, ", got ", args.splits);
   int group = 1;
   while (group < args.top_k) group *= 2;
-  if (args.splits == 1) return launch_combine_kernel<1>(args, group, stream);
-  launch_combine_kernel<kMaxCombineSplits>(args, group, stream);
+  switch (combine_max_splits(args.splits)) {
+    case 1: return launch_combine_kernel<1>(args, group, stream);
+    case 2: return launch_combine_kernel<2>(args, group, stream);
+    case 4: return launch_combine_kernel<4>(args, group, stream);
+    default: return launch_combine_kernel<8>(args, group, stream);
+  }
 }
 
 }  // namespace k3moe::kernels
