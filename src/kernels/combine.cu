@@ -18,7 +18,6 @@
 #include "kernels/sm90/ptx.cuh"
 #include "runtime/cuda_check.h"
 
-
 namespace k3moe::kernels {
 namespace {
 
@@ -114,7 +113,8 @@ __device__ __forceinline__ float4 subtree(const CombineArgs& a, int token, int h
 }
 
 template <int kGroup, int kMaxSplits>
-__global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm<kMaxSplits>) combine_outputs_kernel(CombineArgs a) {
+__global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm<kMaxSplits>)
+    combine_outputs_kernel(CombineArgs a) {
   const int quads = a.hidden / 4;
   const int64_t index = int64_t(blockIdx.x) * kOutputThreads + threadIdx.x;
   mark_start(a.times);
@@ -148,7 +148,8 @@ __device__ __forceinline__ float4 tree_of_two(float4 a, float4 b, int i, int j, 
 }
 
 template <int kGroup, int kMaxSplits>
-__global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm<kMaxSplits>) combine_token_warps_kernel(CombineArgs a) {
+__global__ void __launch_bounds__(kOutputThreads, kOutputBlocksPerSm<kMaxSplits>)
+    combine_token_warps_kernel(CombineArgs a) {
   const int quads = a.hidden / 4, lane = threadIdx.x % 32;
   const int warps_per_token = (quads + 127) / 128;
   const int64_t warp = (int64_t(blockIdx.x) * kOutputThreads + threadIdx.x) / 32;
@@ -199,8 +200,8 @@ void launch_outputs(const CombineArgs& a, cudaStream_t stream) {
                             a);
   }
   const int64_t threads = int64_t(a.tokens) * (a.hidden / 4);
-  launch_dependent(combine_outputs_kernel<kGroup, kMaxSplits>, dim3(unsigned((threads + kOutputThreads - 1) / kOutputThreads)),
-                   kOutputThreads, 0, stream, a);
+  launch_dependent(combine_outputs_kernel<kGroup, kMaxSplits>,
+                   dim3(unsigned((threads + kOutputThreads - 1) / kOutputThreads)), kOutputThreads, 0, stream, a);
 }
 
 template <int kMaxSplits>
