@@ -42,6 +42,7 @@ struct ExpertGemmArgs {
   int K = 0;
   int splits = 1;  // K ranges; 1 <= splits <= K / 128
   int sm_count = 0;
+  int64_t act_rows = 0;  // the rows act holds (T; the intermediate's capacity)
   // Each weight feeds one unit only (every expert's rows fit one token tile): the wgmma kernel then
   // streams the weights with an L2 evict_first policy, as the mma.sync kernels always do.
   bool weights_once = false;

@@ -13,9 +13,10 @@
 // units b, b + grid, ... in order, the row groups of a token tile consecutive, so the CTAs working
 // at one time share a few token tiles and experts in L2. Per chunk, through a ring of full/empty
 // mbarriers (3 to 8 stages, as many as shared memory holds beside any staging):
-//   producer: thread 0 copies the chunk's weight codes and scales with two bulk copies; the 128
-//             threads gather the token rows' 256 bytes (GEMM1: by token id) with cp.async into
-//             the 128-byte-swizzled K-major layout wgmma reads, and arrive when they land;
+//   producer: thread 0 copies the chunk's weight codes and scales with two bulk copies; GEMM1's
+//             128 threads gather the token rows' 256 bytes by token id with cp.async into the
+//             128-byte-swizzled K-major layout wgmma reads, and arrive when they land; GEMM2's
+//             thread 0 copies its tile's contiguous rows as two TMA boxes in that layout;
 //   consumers: warpgroup c owns row blocks 8c .. 8c + 7 as two m64 tiles; per 16 k it widens its
 //             A fragments, issues its wgmmas and waits for the previous step's (so the A registers
 //             of one step are widened while the last step runs), releasing a stage once its last
@@ -33,6 +34,8 @@
 //          samples at local28 T = 128; staged, GEMM1 ran 221 -> 208 us, bench/NOTES.md, Session
 //          34). A16 at N = 128: the consumers store it from the accumulators;
 //   GEMM2: fp32 rows.
+#include <cuda.h>
+
 #include <cstdint>
 #include <type_traits>
 
@@ -56,9 +59,11 @@ namespace {
 // accumulators' staging does not fit beside 3 stages).
 enum class Staging { None, Accumulators, Activations };
 
-template <int kTokens_, Staging kStaging_ = Staging::None>
+// kTmaRows_: GEMM2, whose token tiles come by TMA (produce).
+template <int kTokens_, Staging kStaging_ = Staging::None, bool kTmaRows_ = false>
 struct WgTile {
   static constexpr int kTokens = kTokens_;  // the wgmma N
+  static constexpr bool kTmaRows = kTmaRows_;
   static constexpr int kConsumers = 2;      // warpgroups
   static constexpr Staging kStaging = kStaging_;
   static constexpr bool kStaged = kStaging != Staging::None;
@@ -78,10 +83,12 @@ struct WgTile {
   static constexpr int kStages = kStagesFit < 8 ? kStagesFit : 8;
   static constexpr int kSmemBytes = kStages * kStageBytes + kStagingBytes + 1024;  // + the slack to align to 1024
   // The producer (and the staged epilogue) give their registers to the consumers, within the CTA's
-  // allocation at launch (kThreads x the launch bound's 168 or 128): 128 x 40 + 128 kConsumers
-  // x kConsumerRegs (+ 128 x kEpilogueRegs) <= it, or setmaxnreg.inc waits forever.
-  static constexpr int kProducerRegs = 40, kEpilogueRegs = 56;
-  static constexpr int kConsumerRegs = kStaged ? 208 : 232;
+  // allocation at launch (kThreads x the launch bound's 168 or 128): 128 x kProducerRegs + 128
+  // kConsumers x kConsumerRegs (+ 128 x kEpilogueRegs) <= it, or setmaxnreg.inc waits forever.
+  // GEMM2's one producing thread keeps a unit's copies and the next unit's look-ahead in registers:
+  // at 40 it spilled.
+  static constexpr int kProducerRegs = kTmaRows ? 56 : 40, kEpilogueRegs = 56;
+  static constexpr int kConsumerRegs = kStaged ? 208 : kTmaRows ? 224 : 232;
   // The unit widths (wgmma N) the consumers run: the multiples of this up to kTokens. NOTE: more
   // variants of the chunk loop make ptxas serialize the wgmmas (at 232 registers, eight of N =
   // 128's activation kernel).
@@ -128,49 +135,51 @@ __device__ __forceinline__ void with_width(int n, F&& f) {
 // The producer warpgroup: fills stage after stage with the chunks of this CTA's units.
 constexpr int kProducerBarrier = 5;  // named barriers 1 .. 4: the consumer warpgroups' epilogues
 
-// kTakeUnits (GEMM2): the producer takes each unit from the counter and reads its tile's count one
-// unit ahead (their round trips hide behind a unit's copies), waits until GEMM1 has stored its
-// token tile (ExpertGemmArgs::gemm1_stores_per_tile), and writes the unit ({local expert, first row,
-// rows, row group}) beside the unit's first stage (s_units[stage]) for the consumers, who then
-// need no global load between units; past the last unit, it fills one more stage with no copies
-// and a unit of no rows. Else CTA b takes units b, b + grid, ...
+// GEMM1: the 128 threads gather the token rows (by token id) with cp.async; CTA b takes units b,
+// b + grid, ... GEMM2 (kTakeUnits): one thread produces. Its token tiles are contiguous rows of the
+// intermediate, copied per chunk as two TMA boxes of {64 k, T::kTokens rows} through `act_map`,
+// whose 128-byte swizzle is the layout wgmma reads; rows past a tile are other tiles' rows (zeros
+// past the buffer), in accumulator columns that are never stored. It takes each unit from the
+// counter and reads its tile's count one unit ahead (their round trips hide behind a unit's
+// copies), waits until GEMM1 has stored its token tile (ExpertGemmArgs::gemm1_stores_per_tile),
+// and writes the unit ({local expert, first row, rows, row group}) beside the unit's first stage
+// (s_units[stage]) for the consumers, who then need no global load between units; past the last
+// unit, it fills one more stage with no copies and a unit of no rows.
 template <class T, bool kTakeUnits>
-__device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, uint64_t* full, uint64_t* empty,
-                                        uint32_t* s_rows, int4* s_units, int* s_next, int num_units, int row_groups) {
-  const int tid = threadIdx.x % 128;
+__device__ __forceinline__ void produce(const ExpertGemmArgs& a, const CUtensorMap* act_map, uint8_t* smem,
+                                        uint64_t* full, uint64_t* empty, uint32_t* s_rows, int4* s_units,
+                                        int num_units, int row_groups) {
+  if (kTakeUnits && threadIdx.x % 128 != 0) return;
+  const int tid = kTakeUnits ? 0 : threadIdx.x % 128;
   const int chunks = a.K / T::kChunkK;
   const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
   constexpr int kRowsPerThread = T::kTokens / 16;
   constexpr uint32_t kNoRow = 0xFFFFFFFFu;
   static_assert(kRowsPerThread % 2 == 0, "a thread's rows are read in pairs");
-  // kTakeUnits, tid 0: the unit after this one and its tile's count (-1: not read yet), both
-  // asked for one unit ahead.
-  int seq = 0, next = kTakeUnits && tid == 0 ? atomicAdd(a.unit_counter, 1) : 0, next_stored = -1;
+  if constexpr (kTakeUnits) ptx::prefetch_tensormap(act_map);
+  // kTakeUnits: the unit after this one and its tile's count (-1: not read yet), both asked for
+  // one unit ahead.
+  int seq = 0, next = kTakeUnits ? atomicAdd(a.unit_counter, 1) : 0, next_stored = -1;
   for (int u = blockIdx.x;; u += gridDim.x) {
-    if (kTakeUnits && tid == 0) {
+    if constexpr (kTakeUnits) {
       u = next;
       if (u < num_units) {
         for (int stored = next_stored; stored < a.gemm1_stores_per_tile;
              stored = ptx::ld_acquire_gpu(&a.tile_info[u / row_groups].w))
           if (stored >= 0) __nanosleep(256);
+        ptx::fence_proxy_async_global();  // GEMM1's stores of the tile, before the TMA reads them
         next = atomicAdd(a.unit_counter, 1);
         next_stored = -1;
       }
-      *s_next = u;  // NOTE: rewritten after the second barrier below, which every thread reaches after its read
+    } else {
+      // GEMM1's gathers read the row table after the last unit's copies have all been issued.
+      ptx::named_barrier_sync(kProducerBarrier, 128);
     }
-    // The unit's token rows as offsets of their first k in 16-byte pieces (kNoRow: past the tile),
-    // after the last unit's copies have all been issued. Row 16 i + r sits at r * kRowsPerThread + i,
-    // so that a thread's rows (16 i + tid / 8) are adjacent: one vector load per chunk.
-    ptx::named_barrier_sync(kProducerBarrier, 128);
-    if constexpr (kTakeUnits) u = *s_next;
     if (u >= num_units) {
       if constexpr (kTakeUnits) {  // the end mark: one more stage, no copies
         const int stage = seq % T::kStages;
         if (seq >= T::kStages) ptx::mbarrier_wait_parity(&empty[stage], (seq / T::kStages - 1) & 1);
-        if (tid == 0) {
-          s_units[stage].z = 0;  // no rows
-          ptx::mbarrier_arrive(&full[stage]);
-        }
+        s_units[stage].z = 0;  // no rows
         ptx::mbarrier_arrive(&full[stage]);
       }
       break;
@@ -182,21 +191,24 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
     const uint32_t code_bytes = blocks * layout::kBlockCodeBytes, scale_bytes = blocks * layout::kBlockScaleBytes;
     const uint8_t* code_src = a.codes + first_block * layout::kBlockCodeBytes;
     const uint8_t* scale_src = a.scales + first_block * layout::kBlockScaleBytes;
-    if (tid < T::kTokens)
-      s_rows[(tid % 16) * kRowsPerThread + tid / 16] =
-          tid >= unit.tile.z
-              ? kNoRow
-              : uint32_t((a.row_token ? a.row_token[unit.tile.y + tid] : unit.tile.y + tid) * int64_t(a.K / 8));
-    ptx::named_barrier_sync(kProducerBarrier, 128);
+    if constexpr (!kTakeUnits) {
+      // The unit's token rows as offsets of their first k in 16-byte pieces (kNoRow: past the
+      // tile). Row 16 i + r sits at r * kRowsPerThread + i, so that a thread's rows (16 i + tid / 8)
+      // are adjacent: one vector load per chunk.
+      if (tid < T::kTokens)
+        s_rows[(tid % 16) * kRowsPerThread + tid / 16] =
+            tid >= unit.tile.z ? kNoRow : uint32_t(a.row_token[unit.tile.y + tid] * int64_t(a.K / 8));
+      ptx::named_barrier_sync(kProducerBarrier, 128);
+    }
     for (int c = 0; c < chunks; ++c, ++seq) {
       const int stage = seq % T::kStages;
-      if (kTakeUnits && tid == 0 && c == chunks - 1 && next < num_units)  // read while the stage drains
+      if (kTakeUnits && c == chunks - 1 && next < num_units)  // read while the stage drains
         next_stored = ptx::ld_acquire_gpu(&a.tile_info[next / row_groups].w);
       if (seq >= T::kStages) ptx::mbarrier_wait_parity(&empty[stage], (seq / T::kStages - 1) & 1);
       uint8_t* st = smem + stage * T::kStageBytes;
       if (tid == 0) {
         if (kTakeUnits && c == 0) s_units[stage] = make_int4(unit.tile.x, unit.tile.y, unit.tile.z, unit.group);
-        ptx::mbarrier_arrive_expect_tx(&full[stage], code_bytes + scale_bytes);
+        ptx::mbarrier_arrive_expect_tx(&full[stage], code_bytes + scale_bytes + (kTakeUnits ? T::kActBytes : 0));
         uint8_t* s_codes = st + T::kActBytes;
         const uint8_t* g_codes = code_src + int64_t(c) * code_bytes;
         const uint8_t* g_scales = scale_src + int64_t(c) * scale_bytes;
@@ -208,7 +220,13 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
           ptx::cp_async_bulk_g2s(s_codes, g_codes, code_bytes, &full[stage]);
           ptx::cp_async_bulk_g2s(s_codes + T::kCodeBytes, g_scales, scale_bytes, &full[stage]);
         }
+        if constexpr (kTakeUnits)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            ptx::cp_async_bulk_tensor_2d_g2s(st + half * T::kActHalfBytes, act_map, c * T::kChunkK + half * 64,
+                                             unit.tile.y, &full[stage]);
       }
+      if constexpr (kTakeUnits) continue;
       // Each warp instruction copies one k-half (128 bytes, full sectors) of four rows; a thread
       // copies two pieces of each of its rows 16 i + tid / 8 (one row offset read per two copies):
       // piece 8 half + p (16 bytes, p = tid % 8) goes to k-half `half`, 16-byte slot p ^ (row % 8)
@@ -235,7 +253,7 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
       ptx::cp_async_mbarrier_arrive_noinc(&full[stage]);
     }
   }
-  ptx::cp_async_wait<0>();
+  if constexpr (!kTakeUnits) ptx::cp_async_wait<0>();
 }
 
 template <class T>
@@ -469,20 +487,26 @@ __device__ __forceinline__ void drain_staging(const ExpertGemmArgs& a, const Gem
 }
 
 template <class T, Epilogue kEpi>
-__global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(ExpertGemmArgs a, GemmOutput out) {
+__global__ void __launch_bounds__(T::kThreads, 1)
+    expert_gemm_wgmma_kernel(ExpertGemmArgs a, GemmOutput out, const __grid_constant__ CUtensorMap act_map) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (ptx::smem_addr(smem_raw) & 1023)) & 1023);
   __shared__ __align__(8) uint64_t s_full[T::kStages], s_empty[T::kStages];
   __shared__ __align__(16) uint32_t s_rows[T::kTokens];
   __shared__ int4 s_units[T::kStages];
-  __shared__ int s_next;
   __shared__ __align__(8) uint64_t s_staged_full, s_staged_empty;
   __shared__ StagedUnit s_staged_unit;
   uint8_t* staging = smem + T::kStages * T::kStageBytes;
   mark_start(a.times);
+  // NOTE: GEMM2 reads GEMM1's rows after their tile's count (acquire), and the schedule, written
+  // before GEMM1's CTAs released this grid, without waiting for GEMM1's end.
+  static_assert(kEpi != Epilogue::GateUpRows, "K is never split on this path");
+  constexpr bool kTakeUnits = kEpi == Epilogue::Rows;
+  static_assert(T::kTmaRows == kTakeUnits, "GEMM2 (only) reads its token tiles by TMA");
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
-      ptx::mbarrier_init(&s_full[s], 1 + 128);  // the bulk copies' arrival + 128 cp.async threads
+      // The bulk copies' arrival (GEMM1: + 128 cp.async threads).
+      ptx::mbarrier_init(&s_full[s], kTakeUnits ? 1 : 1 + 128);
       ptx::mbarrier_init(&s_empty[s], 4 * T::kConsumers);  // one per consumer warp
     }
     if constexpr (T::kStaged) {
@@ -492,10 +516,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
-  // NOTE: GEMM2 reads GEMM1's rows after their tile's count (acquire), and the schedule, written
-  // before GEMM1's CTAs released this grid, without waiting for GEMM1's end.
-  static_assert(kEpi != Epilogue::GateUpRows, "K is never split on this path");
-  constexpr bool kTakeUnits = kEpi == Epilogue::Rows;
   if (!kTakeUnits || a.gemm1_stores_per_tile == 0) {
     ptx::griddepcontrol_wait();
     if (threadIdx.x == 0) mark_wait(a.times);
@@ -506,7 +526,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
-    produce<T, kTakeUnits>(a, smem, s_full, s_empty, s_rows, s_units, &s_next, num_units, row_groups);
+    produce<T, kTakeUnits>(a, &act_map, smem, s_full, s_empty, s_rows, s_units, num_units, row_groups);
     return;
   }
   if (T::kStaged && wg == 1 + T::kConsumers) {
@@ -544,7 +564,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) expert_gemm_wgmma_kernel(Exper
       for (int c = 0; c < chunks; ++c, ++seq) {
         const int stage = seq % T::kStages;
         ptx::mbarrier_wait_parity(&s_full[stage], (seq / T::kStages) & 1);
-        ptx::fence_proxy_async_shared();  // the cp.async rows, seen by the tensor cores
+        if constexpr (!kTakeUnits) ptx::fence_proxy_async_shared();  // the cp.async rows, seen by the tensor cores
         consume_chunk<T, n()>(smem + stage * T::kStageBytes, cwg, warp, lane, c == 0, acc, release, s_empty);
         release = stage;
       }
@@ -589,23 +609,59 @@ void configure_kernels() {
 // and 35), none in A16 (there the stage the staging takes cost as much as the epilogue it moved
 // or more: local28 T = 512 / 4096 +1.6 / +1.3 % in Session 34, within +-0.5 % in Session 35).
 template <int kTokens>
+using Gemm2Tile = WgTile<kTokens, Staging::None, true>;
+
+template <int kTokens>
 using Gemm1Staged = WgTile<kTokens, kTokens <= 96 ? Staging::Accumulators : Staging::Activations>;
 
 template <int kTokens>
 void configure_tiles() {
   configure_kernels<Gemm1Staged<kTokens>, Epilogue::Activation>();
   if constexpr (kTokens == 128) configure_kernels<WgTile<kTokens>, Epilogue::Activation>();
-  configure_kernels<WgTile<kTokens>, Epilogue::Rows>();
+  configure_kernels<Gemm2Tile<kTokens>, Epilogue::Rows>();
+}
+
+// GEMM2's token rows as a TMA tensor map: act_rows rows of K bf16, read in boxes of {64 k, `box_rows`
+// rows} with the 128-byte swizzle. The driver's encoder is reached through the runtime, so that
+// the library does not link libcuda. The map holds the rows' address and goes to the kernel as a
+// parameter, so each launch (and a captured graph) carries its own.
+CUtensorMap rows_tensor_map(const ExpertGemmArgs& args, int box_rows) {
+  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    K3MOE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    K3MOE_CHECK(found == cudaDriverEntryPointSuccess && fn, "the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<Encode>(fn);
+  }();
+  K3MOE_CHECK(args.act_rows > 0 && reinterpret_cast<uintptr_t>(args.act) % 16 == 0,
+              "GEMM2's intermediate rows must be 16-byte aligned and hold >= 1 row, got ", args.act_rows, " rows at ",
+              static_cast<const void*>(args.act));
+  const cuuint64_t dims[2] = {cuuint64_t(args.K), cuuint64_t(args.act_rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(args.K) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)}, element_strides[2] = {1, 1};
+  CUtensorMap map{};
+  const CUresult status = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(args.act), dims,
+                                 strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  K3MOE_CHECK(status == CUDA_SUCCESS, "cuTensorMapEncodeTiled failed (", int(status), ") for GEMM2's rows [",
+              args.act_rows, ", ", args.K, "]");
+  return map;
 }
 
 template <class T, Epilogue kEpi>
 void launch_kernel(const ExpertGemmArgs& args, const GemmOutput& out, cudaStream_t stream) {
-  launch_dependent(expert_gemm_wgmma_kernel<T, kEpi>, args.sm_count, T::kThreads, T::kSmemBytes, stream, args, out);
+  const CUtensorMap act_map = kEpi == Epilogue::Rows ? rows_tensor_map(args, T::kTokens) : CUtensorMap{};
+  launch_dependent(expert_gemm_wgmma_kernel<T, kEpi>, args.sm_count, T::kThreads, T::kSmemBytes, stream, args, out,
+                   act_map);
 }
 
 template <int kTokens>
 void launch_tiles(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1, cudaStream_t stream) {
-  if (!gemm1) return launch_kernel<WgTile<kTokens>, Epilogue::Rows>(args, out, stream);
+  if (!gemm1) return launch_kernel<Gemm2Tile<kTokens>, Epilogue::Rows>(args, out, stream);
   if constexpr (kTokens == 128)
     if (out.mode == Mode::A16) return launch_kernel<WgTile<kTokens>, Epilogue::Activation>(args, out, stream);
   return launch_kernel<Gemm1Staged<kTokens>, Epilogue::Activation>(args, out, stream);

@@ -239,6 +239,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   const int64_t rows = T * K;  // capacity of the row buffers
   kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token, ws.tile_info, ws.num_tiles,
                              ws.unit_counters, p.num_local, 2 * c.intermediate, c.hidden, choice.gemm1_splits, p.sm_count};
+  g1.act_rows = T;
   g1.weights_once = choice.weights_once;
   g1.times = times(ForwardStage::Gemm1);
   kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
@@ -255,6 +256,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   g2.codes = w.data.w2_codes;
   g2.scales = w.data.w2_scales;
   g2.act = ws.inter;
+  g2.act_rows = rows;
   g2.row_token = nullptr;
   g2.unit_counter = ws.unit_counters + 1;
   if (kernels::tile_uses_wgmma(choice.token_tile))

@@ -56,6 +56,7 @@ TEST(WgmmaGemm2, HoldsATokenTileUntilGemm1sCountIsComplete) {
   a.codes = d_codes.get<uint8_t>();
   a.scales = d_scales.get<uint8_t>();
   a.act = d_inter.get<uint16_t>();
+  a.act_rows = kRows;
   a.tile_info = d_tiles.get<int4>();
   a.num_tiles = d_num_tiles.get<int32_t>();
   a.unit_counter = d_counter.get<int>();

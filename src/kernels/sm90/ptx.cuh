@@ -188,6 +188,21 @@ __device__ __forceinline__ void cp_async_bulk_g2s(void* smem_dst, const void* gm
       : "memory");
 }
 
+// A 2D tile of a tensor map (TMA) global -> shared at element coordinates {x, y} (x fastest),
+// laid out as the map's swizzle says; completes on `bar` with the box's full bytes (elements
+// outside the tensor are zero-filled).
+__device__ __forceinline__ void cp_async_bulk_tensor_2d_g2s(void* smem_dst, const void* tensor_map, int x, int y,
+                                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(smem_addr(smem_dst)),
+      "l"(tensor_map), "r"(x), "r"(y), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void prefetch_tensormap(const void* tensor_map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(tensor_map) : "memory");
+}
+
 }  // namespace k3moe::ptx
 
 namespace k3moe::ptx {
@@ -303,6 +318,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // before its later async-proxy reads (wgmma operands).
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// The same for global memory: generic-proxy writes (seen through an acquire), before bulk-async
+// (TMA) reads of them.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
 // One arrival on `bar` once all of this thread's earlier cp.async copies have landed (counted in
