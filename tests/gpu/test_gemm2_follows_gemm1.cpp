@@ -89,6 +89,9 @@ TEST(WgmmaGemm2, HoldsATokenTileUntilGemm1sCountIsComplete) {
     constexpr int warps = 8;  // the wgmma GEMM2's only width; 16 is refused
     CudaStream gemm, host;
     EXPECT_THROW(kernels::launch_expert_gemm2(a, out, kernels::TokenTile::Wg64, 16, gemm), Error);
+    kernels::ExpertGemmArgs no_rows = a;  // the TMA map of the rows needs their count
+    no_rows.act_rows = 0;
+    EXPECT_THROW(kernels::launch_expert_gemm2(no_rows, out, kernels::TokenTile::Wg64, warps, gemm), Error);
     reset(tiles, gemm);
     kernels::launch_expert_gemm2(a, out, kernels::TokenTile::Wg64, warps, gemm);
     K3MOE_CUDA_CHECK(cudaStreamSynchronize(gemm));
