@@ -45,7 +45,8 @@ double copy_tb_s(cudaStream_t stream, double sustain_ms) {
   return 2.0 * double(bytes) / (t.median_ms * 1e-3) / 1e12;
 }
 
-double gemm_tflop_s(cublasLtHandle_t lt, cudaStream_t stream, bool fp8, double sustain_ms) {
+double gemm_tflop_s(cublasLtHandle_t lt, cudaStream_t stream, bool fp8, double sustain_ms, ClockSampler* clock = nullptr,
+                    ClockSummary* clock_summary = nullptr) {
   const int64_t n = 8192;
   const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
   const int64_t in_bytes = n * n * (fp8 ? 1 : 2);
@@ -76,7 +77,8 @@ double gemm_tflop_s(cublasLtHandle_t lt, cudaStream_t stream, bool fp8, double s
   const Timing t = time_ms(stream, 3, 20, [&](int) {
     K3MOE_CUBLAS_CHECK(cublasLtMatmul(lt, op, &alpha, a.get(), la, b.get(), lb, &beta, d.get(), ld, d.get(), ld,
                                       &heuristic.algo, workspace.get(), ws_bytes, stream));
-  }, sustain_ms);
+  }, sustain_ms, clock);
+  if (clock_summary != nullptr) *clock_summary = t.clock;
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);
@@ -117,7 +119,7 @@ double StreamingRead::median_us(double bytes, cudaStream_t stream, double sustai
   return 1000.0 * best;
 }
 
-Ceilings measure_ceilings(int device, double sustain_ms) {
+Ceilings measure_ceilings(int device, double sustain_ms, ClockSampler* clock) {
   DeviceGuard guard(device);
   Ceilings c;
   cudaDeviceProp prop{};
@@ -130,7 +132,7 @@ Ceilings measure_ceilings(int device, double sustain_ms) {
   cublasLtHandle_t lt;
   K3MOE_CUBLAS_CHECK(cublasLtCreate(&lt));
   c.copy_tb_s = copy_tb_s(stream, sustain_ms);
-  c.bf16_tflop_s = gemm_tflop_s(lt, stream, false, sustain_ms);
+  c.bf16_tflop_s = gemm_tflop_s(lt, stream, false, sustain_ms, clock, &c.bf16_clock);
   c.fp8_tflop_s = gemm_tflop_s(lt, stream, true, sustain_ms);
   cublasLtDestroy(lt);
   return c;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "gpu_clock.h"
 #include "runtime/device_buffer.h"
 
 namespace k3moe::cli {
@@ -17,6 +18,7 @@ struct Ceilings {
   double copy_tb_s = 0.0;     // device-to-device copy, bytes read + written
   double bf16_tflop_s = 0.0;  // cuBLASLt 8192^3, bf16 in / out, fp32 accumulate
   double fp8_tflop_s = 0.0;   // cuBLASLt 8192^3, e4m3 in, bf16 out, fp32 accumulate
+  ClockSummary bf16_clock;    // the SM clock while the bf16 GEMM was timed (with a sampler)
   std::string gpu_name;
   int sm_count = 0;
   int driver_version = 0;
@@ -24,7 +26,7 @@ struct Ceilings {
 };
 
 // sustain_ms: each ceiling is timed after that long of back-to-back calls (bench_timing.h).
-Ceilings measure_ceilings(int device, double sustain_ms);
+Ceilings measure_ceilings(int device, double sustain_ms, ClockSampler* clock = nullptr);
 
 // Reads `bytes` of random data with 16-byte streaming loads, nothing else; the best of a few
 // launch shapes. Successive reads start at rotating offsets of a 2 GiB buffer so that L2 does not

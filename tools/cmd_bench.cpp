@@ -2,7 +2,9 @@
 // forward captured in CUDA graphs (one per rotated input set, so inputs and outputs do not stay
 // in L2), timed over graph replays with events (median); realistic random data; active experts
 // counted from the run's routing; the floor = max(bytes / copy ceiling, FLOPs / matrix ceiling);
-// the in-run baseline (bench_baseline.h) timed the same way.
+// the in-run baseline (bench_baseline.h) timed the same way; the SM clock sampled while the
+// forward and the bf16 ceiling are timed (gpu_clock.h), since a long series may run under the
+// power cap.
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -23,6 +25,7 @@
 #include "bench_timing.h"
 #include "cli_common.h"
 #include "commands.h"
+#include "gpu_clock.h"
 #include "k3moe/error.h"
 #include "k3moe/formats.h"
 #include "k3moe/plan.h"
@@ -83,6 +86,7 @@ struct Row {
   double us_ids = 0, us_logits = 0, spread_pct = 0, baseline_us = 0;
   double floor_us = 0, floor_ratio = 0, baseline_rel_l2 = 0;
   double read_us = 0;  // the streaming-read kernel over the same bytes
+  ClockSummary clock;  // the SM clock during the forward's timed replays (us_ids)
   StageSpans stages;   // --stages
 };
 
@@ -96,11 +100,12 @@ struct Options {
   std::string kernel = "auto";
   bool explain = false;
   bool stages = false;
+  bool no_clock = false;
   double sustain_ms = 0.0;  // 0: burst timing (a few warm-up calls); > 0: steady state under load
 };
 
 Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
-             const Ceilings& ceil, StreamingRead& read, bool with_baseline, const Options& o) {
+             const Ceilings& ceil, StreamingRead& read, ClockSampler* clock, bool with_baseline, const Options& o) {
   const MoeConfig& cfg = shape.config;
   const int64_t T = c.tokens, H = cfg.hidden, E = cfg.num_experts, K = cfg.top_k;
   PlanOptions options{cfg, c.tokens, c.mode, cfg.activation, cfg.activation_params, shape.ep, 0};
@@ -183,11 +188,12 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
 
   const Timing t_ids = time_ms(stream, 5, kRepeats, [&](int i) {
     sets[i % kInputSets]->with_ids.launch(stream);
-  }, o.sustain_ms);
+  }, o.sustain_ms, clock);
   const Timing t_logits = time_ms(stream, 5, kRepeats, [&](int i) {
     sets[i % kInputSets]->with_logits.launch(stream);
   }, o.sustain_ms);
   row.us_ids = 1000.0 * t_ids.median_ms;
+  row.clock = t_ids.clock;
 
   row.us_logits = 1000.0 * t_logits.median_ms;
   // The spread of the timed replays: what a second run of the same binary may differ by.
@@ -218,6 +224,22 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   return row;
 }
 
+// The SM clock columns: median MHz over the series and the share of its samples under the power cap.
+std::string clock_columns(const ClockSummary& c) {
+  char buf[32];
+  if (c.samples == 0) return "     -      -";
+  std::snprintf(buf, sizeof buf, "%6.0f %5.0f%%", c.median_mhz, 100.0 * c.power_capped_fraction);
+  return buf;
+}
+
+nlohmann::json clock_json(const ClockSummary& c) {
+  return {{"samples", c.samples},
+          {"min_mhz", c.min_mhz},
+          {"median_mhz", c.median_mhz},
+          {"max_mhz", c.max_mhz},
+          {"power_capped_fraction", c.power_capped_fraction}};
+}
+
 std::string today() {
   char buf[32];
   const std::time_t now = std::time(nullptr);
@@ -242,20 +264,32 @@ void bench(const Options& o) {
             std::none_of(cases.begin(), cases.end(), [&](const Case& c) { return c.tokens == t && c.mode == mode; }))
           cases.push_back({o.shape, t, mode});
 
+  char bus_id[64] = {};
+  K3MOE_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, 0));
+  std::unique_ptr<ClockSampler> sampler = o.no_clock ? nullptr : std::make_unique<ClockSampler>(bus_id);
+  const std::string no_clock = o.no_clock ? "--no-clock" : sampler->available() ? "" : sampler->why();
+  ClockSampler* clock = no_clock.empty() ? sampler.get() : nullptr;
   std::printf("measuring ceilings (device copy, cuBLASLt bf16 and fp8 8192^3)...\n");
-  const Ceilings ceil = measure_ceilings(0, o.sustain_ms);
+  const Ceilings ceil = measure_ceilings(0, o.sustain_ms, clock);
   std::printf("%s, %d SMs, %.0f MB L2, driver %d, commit %s\n", ceil.gpu_name.c_str(), ceil.sm_count, ceil.l2_mb,
               ceil.driver_version, o.commit.c_str());
-  std::printf("ceilings: copy %.2f TB/s, bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s\n\n", ceil.copy_tb_s, ceil.bf16_tflop_s,
+  std::printf("ceilings: copy %.2f TB/s, bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s\n", ceil.copy_tb_s, ceil.bf16_tflop_s,
               ceil.fp8_tflop_s);
+  if (clock != nullptr)
+    std::printf("SM clock (NVML, every 1 ms of each forward's timed replays): MHz = median, capped = share of samples "
+                "under the power cap; bf16 ceiling at %.0f MHz (%.0f%% capped)\n\n",
+                ceil.bf16_clock.median_mhz, 100.0 * ceil.bf16_clock.power_capped_fraction);
+  else
+    std::printf("SM clock: not sampled (%s)\n\n", no_clock.c_str());
   if (o.sustain_ms > 0)
     std::printf("timing: every series after %.0f ms of back-to-back calls (the GPU's steady state under load)\n",
                 o.sustain_ms);
   else
-    std::printf("timing: burst (a few warm-up calls; the GPU has not reached its power limit)\n");
+    std::printf("timing: burst (a few warm-up calls; a series longer than ~0.1 s reaches the power cap: see capped)\n");
   std::printf("read/t: a kernel that only streams the same bytes, over this case's time (1.0 = as fast as a pure read)\n");
-  std::printf("%-8s %5s %-6s %6s %9s %9s %7s %8s %6s %9s %7s %10s %9s %7s %6s\n", "shape", "T", "mode", "experts", "us",
-              "us+route", "TB/s", "TFLOP/s", "floor", "floor/t", "read/t", "baseline", "speedup", "spread", "base-d");
+  std::printf("%-8s %5s %-6s %6s %9s %9s %7s %8s %6s %9s %7s %10s %9s %7s %6s %6s %6s\n", "shape", "T", "mode", "experts",
+              "us", "us+route", "TB/s", "TFLOP/s", "floor", "floor/t", "read/t", "baseline", "speedup", "spread", "base-d",
+              "MHz", "capped");
   StreamingRead read;
   std::map<std::string, std::pair<RankExperts, std::unique_ptr<DeviceExperts>>> loaded;
   std::vector<Row> rows;
@@ -274,11 +308,12 @@ void bench(const Options& o) {
       loaded.emplace(c.shape, std::make_pair(std::move(host), std::move(device)));
     }
     const auto& [host, device] = loaded.at(c.shape);
-    const Row r = run_case(c, shape, host, *device, ceil, read, !o.no_baseline, o);
-    std::printf("%-8s %5d %-6s %6.1f %9.1f %9.1f %7.2f %8.1f %6.1f %9.3f %7.3f %10.1f %8.2fx %6.1f%% %6.0e\n",
+    const Row r = run_case(c, shape, host, *device, ceil, read, clock, !o.no_baseline, o);
+    std::printf("%-8s %5d %-6s %6.1f %9.1f %9.1f %7.2f %8.1f %6.1f %9.3f %7.3f %10.1f %8.2fx %6.1f%% %6.0e %s\n",
                 c.shape.c_str(), c.tokens, std::string(to_string(c.mode)).c_str(), r.active_experts, r.us_ids,
                 r.us_logits, r.bytes / (r.us_ids * 1e-6) / 1e12, r.flops / (r.us_ids * 1e-6) / 1e12, r.floor_us,
-                r.floor_ratio, r.read_us / r.us_ids, r.baseline_us, r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0, r.spread_pct, r.baseline_rel_l2);
+                r.floor_ratio, r.read_us / r.us_ids, r.baseline_us, r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0,
+                r.spread_pct, r.baseline_rel_l2, clock_columns(r.clock).c_str());
     if (o.stages) std::printf("         stages, us from the first mark (last CTA start / last wait / last end): %s\n",
                               describe(r.stages).c_str());
     std::fflush(stdout);
@@ -292,10 +327,13 @@ void bench(const Options& o) {
     j["commit"] = o.commit;
     j["date"] = today();
     j["ceilings"] = {{"copy_tb_s", ceil.copy_tb_s}, {"bf16_tflop_s", ceil.bf16_tflop_s}, {"fp8_tflop_s", ceil.fp8_tflop_s}};
+    if (ceil.bf16_clock.samples > 0) j["ceilings"]["bf16_sm_clock"] = clock_json(ceil.bf16_clock);
     j["protocol"] = {{"input_sets", kInputSets},
                      {"repeats", kRepeats},
                      {"timing", "CUDA graph replay, events, median"},
-                     {"sustain_ms", o.sustain_ms}};
+                     {"sustain_ms", o.sustain_ms},
+                     {"sm_clock", clock != nullptr ? "NVML every 1 ms during the forward's timed replays"
+                                                   : "not sampled: " + no_clock}};
     for (const Row& r : rows) {
       j["rows"].push_back({{"shape", r.c.shape},
                            {"tokens", r.c.tokens},
@@ -316,6 +354,7 @@ void bench(const Options& o) {
                            {"baseline_us", r.baseline_us},
                            {"speedup", r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0},
                            {"baseline_rel_l2_vs_k3moe", r.baseline_rel_l2}});
+      if (r.clock.samples > 0) j["rows"].back()["sm_clock"] = clock_json(r.clock);
       for (int s = 0; s < int(r.stages.size()); ++s)
         if (r.stages[s].ran)
           j["rows"].back()["stages_us"][std::string(to_string(ForwardStage(s)))] = {
@@ -351,6 +390,7 @@ void register_bench(CLI::App& app) {
                   "timing it: the GPU's steady state under load (power-limited); 0: burst timing")
       ->check(CLI::Range(0.0, 600000.0))
       ->capture_default_str();
+  cmd->add_flag("--no-clock", o->no_clock, "Do not sample the SM clock (NVML) during the timed series");
   cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");
   cmd->add_flag("--stages", o->stages,
                 "Print when each stage ran in the replayed graph (medians; a separate graph with stage_times)");

@@ -1,0 +1,76 @@
+// The SM clock while a benchmark series runs, sampled through NVML: the H200 lowers its clock
+// under its power cap within ~0.1 s of heavy load, so a long "burst" series (local28 T >= 1024)
+// may run partly or wholly below the clock its ceilings ran at (bench/NOTES.md, Session 38).
+// NVML is opened at run time (libnvidia-ml.so.1 comes with the driver), so the tools do not link
+// it and a machine without it only loses the clock columns.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace k3moe::cli {
+
+struct ClockSample {
+  unsigned mhz = 0;
+  uint64_t reasons = 0;  // NVML's clock event reasons (nvmlClocksEventReason*) at the sample
+};
+
+// NVML's reasons that mean the power limit holds the clock down: the software power cap and the
+// hardware power brake.
+constexpr uint64_t kPowerCapReasons = 0x4 | 0x80;
+
+struct ClockSummary {
+  int samples = 0;  // 0: no samples (NVML absent, or the series was shorter than one period)
+  double min_mhz = 0, median_mhz = 0, max_mhz = 0;
+  double power_capped_fraction = 0;  // of the samples with a kPowerCapReasons bit
+};
+
+inline ClockSummary summarize_clock(std::vector<ClockSample> samples) {
+  ClockSummary s;
+  s.samples = int(samples.size());
+  if (samples.empty()) return s;
+  std::sort(samples.begin(), samples.end(), [](const ClockSample& a, const ClockSample& b) { return a.mhz < b.mhz; });
+  s.min_mhz = samples.front().mhz;
+  s.max_mhz = samples.back().mhz;
+  s.median_mhz = samples[samples.size() / 2].mhz;
+  const auto capped = std::count_if(samples.begin(), samples.end(),
+                                    [](const ClockSample& x) { return (x.reasons & kPowerCapReasons) != 0; });
+  s.power_capped_fraction = double(capped) / double(samples.size());
+  return s;
+}
+
+// Samples one GPU's SM clock and clock event reasons every `period_us` on a thread of its own,
+// between start() and stop(). Not available (available() false, why() says why) without NVML or
+// without a GPU at `pci_bus_id` (cudaDeviceGetPCIBusId's form); then stop() returns no samples.
+class ClockSampler {
+ public:
+  explicit ClockSampler(const std::string& pci_bus_id, int period_us = 1000);
+  ~ClockSampler();
+  ClockSampler(const ClockSampler&) = delete;
+  ClockSampler& operator=(const ClockSampler&) = delete;
+
+  bool available() const { return device_ != nullptr; }
+  const std::string& why() const { return why_; }
+  void start();
+  ClockSummary stop();
+
+ private:
+  bool read(ClockSample& sample) const;
+
+  void* library_ = nullptr;
+  void* device_ = nullptr;
+  int (*clock_info_)(void*, int, unsigned*) = nullptr;
+  int (*event_reasons_)(void*, unsigned long long*) = nullptr;
+  int (*shutdown_)() = nullptr;
+  int period_us_;
+  std::string why_;
+  std::atomic<bool> running_{false};
+  std::thread thread_;
+  std::vector<ClockSample> samples_;
+};
+
+}  // namespace k3moe::cli
