@@ -266,6 +266,9 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int wa
                                               WgAccumulators<T>& acc, int& release, uint64_t* empty) {
   const uint8_t* s_codes = st + T::kActBytes;
   const uint8_t* s_scales = s_codes + T::kCodeBytes;
+  // A step's descriptor is the chunk's plus its offset in 16-byte units (the start address field
+  // does not carry: shared memory ends below 2^18 bytes), so the steps add a constant.
+  const uint64_t chunk_desc = ptx::wgmma_desc_k_major_sw128(st);
 #pragma unroll
   for (int kb = 0; kb < layout::kChunkBlocks; ++kb) {
     uint4 code[T::kMTiles];
@@ -279,7 +282,7 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int wa
       uint32_t afrag[T::kMTiles][4];
 #pragma unroll
       for (int i = 0; i < T::kMTiles; ++i) widen_step(code[i], mult[i], kk, afrag[i]);
-      const uint64_t desc = ptx::wgmma_desc_k_major_sw128(st + kb * T::kActHalfBytes + kk * 32);
+      const uint64_t desc = chunk_desc + uint64_t((kb * T::kActHalfBytes + kk * 32) >> 4);
       ptx::wgmma_fence();
 #pragma unroll
       for (int i = 0; i < T::kMTiles; ++i)
