@@ -21,6 +21,7 @@ struct Timing {
   double min_ms = 0.0;
   double max_ms = 0.0;
   ClockSummary clock;  // no samples without a sampler
+  std::vector<double> in_order_ms;  // each timed call, in the order they ran
 };
 
 template <class Fn>
@@ -54,8 +55,9 @@ Timing time_ms(cudaStream_t stream, int warmup, int repeats, Fn&& fn, double sus
   const ClockSummary clock_summary = clock != nullptr ? clock->stop() : ClockSummary{};
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
+  std::vector<double> in_order = ms;
   std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front(), ms.back(), clock_summary};
+  return {ms[ms.size() / 2], ms.front(), ms.back(), clock_summary, std::move(in_order)};
 }
 
 }  // namespace k3moe::cli

@@ -6,13 +6,13 @@
 // forward and the bf16 ceiling are timed (gpu_clock.h), since a long series may run under the
 // power cap.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <random>
-#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -101,6 +101,7 @@ struct Options {
   bool explain = false;
   bool stages = false;
   bool no_clock = false;
+  bool per_set = false;
   double sustain_ms = 0.0;  // 0: burst timing (a few warm-up calls); > 0: steady state under load
 };
 
@@ -123,6 +124,7 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   struct Set {
     DeviceTensor x, logits, bias, ids, weights, out, out_baseline;
     CapturedGraph with_ids, with_logits, with_stage_times;
+    std::map<int, int> local_rows;  // local expert id -> its rows (routed pairs) in this set
   };
   // --stages: a third graph per set that also marks stage_records; the timed graphs do not.
   const DeviceBuffer stage_records(o.stages ? kForwardStages * int64_t(sizeof(StageTimes)) : 0);
@@ -157,13 +159,12 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
     plan.route(*set->logits.dl(), *set->bias.dl(), *set->ids.dl(), *set->weights.dl(), stream);
     K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto ids = set->ids.download<int32_t>();
-    std::set<int> hit;
     for (int32_t id : ids)
       if (id >= host.first_expert && id < host.first_expert + host.num_local) {
-        hit.insert(id);
+        ++set->local_rows[id];
         row.local_pairs += 1.0 / kInputSets;
       }
-    row.active_experts += double(hit.size()) / kInputSets;
+    row.active_experts += double(set->local_rows.size()) / kInputSets;
     ForwardArgs args;
     args.x = set->x.dl();
     args.topk_ids = set->ids.dl();
@@ -198,6 +199,27 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   row.us_logits = 1000.0 * t_logits.median_ms;
   // The spread of the timed replays: what a second run of the same binary may differ by.
   row.spread_pct = 100.0 * (t_ids.max_ms - t_ids.min_ms) / t_ids.median_ms;
+  // --per-set: is a spread between input sets (their routing) or within each?
+  auto print_in_order = [](const char* what, const Timing& t) {
+    std::printf("         %s, us in order:", what);
+    for (double ms : t.in_order_ms) std::printf(" %.0f", 1000.0 * ms);
+    std::printf("\n");
+  };
+  if (o.per_set) print_in_order("forward, input sets in turn", t_ids);
+  if (o.per_set)
+    for (int s = 0; s < kInputSets; ++s) {
+      const Timing t = time_ms(stream, 2, kRepeats / 2, [&](int) { sets[s]->with_ids.launch(stream); });
+      int min_rows = INT32_MAX, max_rows = 0, tiles128 = 0;
+      for (const auto& [expert, rows] : sets[s]->local_rows) {
+        min_rows = std::min(min_rows, rows);
+        max_rows = std::max(max_rows, rows);
+        tiles128 += (rows + 127) / 128;
+      }
+      std::printf("         input set %d: %.1f us (min %.1f, max %.1f), %zu experts of %d-%d rows, %d tiles of 128\n", s,
+                  1000.0 * t.median_ms, 1000.0 * t.min_ms, 1000.0 * t.max_ms, sets[s]->local_rows.size(),
+                  sets[s]->local_rows.empty() ? 0 : min_rows, max_rows, tiles128);
+      print_in_order("  the same set", t);
+    }
   if (o.stages)
     row.stages = measure_stage_spans(stream, stage_records, kRepeats,
                                      [&](int i) { sets[i % kInputSets]->with_stage_times.launch(stream); });
@@ -390,6 +412,8 @@ void register_bench(CLI::App& app) {
                   "timing it: the GPU's steady state under load (power-limited); 0: burst timing")
       ->check(CLI::Range(0.0, 600000.0))
       ->capture_default_str();
+  cmd->add_flag("--per-set", o->per_set,
+                "Also time each of the rotated input sets alone (their routing differs) and print its rows per expert");
   cmd->add_flag("--no-clock", o->no_clock, "Do not sample the SM clock (NVML) during the timed series");
   cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");
   cmd->add_flag("--stages", o->stages,
