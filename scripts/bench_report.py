@@ -5,7 +5,9 @@
   scripts/bench_report.py sustained BURST.json ... --sustained SUSTAINED.json ...
                                                                   the README's table of the same rows
                                                                   under sustained load (bench --sustain-ms)
-  scripts/bench_report.py compare A.json B.json                   per row: A and B us, B / A - 1
+  scripts/bench_report.py compare A.json B.json                   per row: A and B us, B / A - 1, floor/t,
+                                                                  and each run's SM clock (median MHz / share
+                                                                  under the power cap) where it was sampled
 
 Only the standard library; tests/python/test_bench_report.py checks them and that the README's
 tables are the ones its "Latest run" JSON gives.
@@ -94,10 +96,19 @@ def sustained(burst_paths, sustained_paths):
     return lines
 
 
+def clock(row):
+    """A row's SM clock while it was timed (bench's sm_clock) as 'MHz/capped%', or '-' (not sampled)."""
+    c = row.get("sm_clock")
+    if not c:
+        return "-"
+    return f"{c['median_mhz']:.0f}/{100.0 * c['power_capped_fraction']:.0f}%"
+
+
 def compare(path_a, path_b):
     rows_a = {key(r): r for r in load_rows(path_a)}
     rows_b = load_rows(path_b)
-    lines = [f"{'shape':8} {'T':>5} {'mode':6} {'A us':>10} {'B us':>10} {'B/A-1':>8} {'A floor/t':>9} {'B floor/t':>9}"]
+    lines = [f"{'shape':8} {'T':>5} {'mode':6} {'A us':>10} {'B us':>10} {'B/A-1':>8} {'A floor/t':>9} {'B floor/t':>9}"
+             f" {'A clock':>10} {'B clock':>10}"]
     seen = set()
     for b in rows_b:
         k = key(b)
@@ -108,7 +119,7 @@ def compare(path_a, path_b):
             continue
         change = 100.0 * (b["us"] / a["us"] - 1.0) if a["us"] > 0 else float("nan")
         lines.append(f"{k[0]:8} {k[1]:5} {k[2]:6} {a['us']:10.1f} {b['us']:10.1f} {change:+7.1f}% "
-                     f"{a['floor_ratio']:9.3f} {b['floor_ratio']:9.3f}")
+                     f"{a['floor_ratio']:9.3f} {b['floor_ratio']:9.3f} {clock(a):>10} {clock(b):>10}")
     for k, a in rows_a.items():
         if k not in seen:
             lines.append(f"{k[0]:8} {k[1]:5} {k[2]:6} {a['us']:10.1f} {'-':>10} {'(A only)':>8}")

@@ -48,9 +48,18 @@ def test_compare_gives_the_change_and_rows_of_one_side(tmp_path):
     b = write(tmp_path, "b.json", [row(tokens=1, us=95.0, floor_ratio=0.6), row(tokens=32, us=70.0)])
     lines = bench_report.compare(a, b)
     common = next(line for line in lines if line.split()[:2] == ["local28", "1"])
-    assert "-5.0%" in common and common.split()[-2:] == ["0.500", "0.600"]
+    assert "-5.0%" in common and common.split()[-4:] == ["0.500", "0.600", "-", "-"]
     assert any("(B only)" in line and " 32 " in line for line in lines)
     assert any("(A only)" in line and " 8 " in line for line in lines)
+
+
+def test_compare_shows_each_runs_clock_where_it_was_sampled(tmp_path):
+    capped = dict(row(tokens=4096, us=7221.3), sm_clock={"samples": 316, "min_mhz": 1650.0, "median_mhz": 1665.0,
+                                                         "max_mhz": 1980.0, "power_capped_fraction": 0.34})
+    a = write(tmp_path, "a.json", [row(tokens=4096, us=7104.0)])
+    b = write(tmp_path, "b.json", [capped])
+    line = bench_report.compare(a, b)[1]
+    assert line.split()[-2:] == ["-", "1665/34%"]
 
 
 def test_sustained_sets_each_case_beside_its_burst_row(tmp_path):
