@@ -105,6 +105,14 @@ struct Options {
   double sustain_ms = 0.0;  // 0: burst timing (a few warm-up calls); > 0: steady state under load
 };
 
+// The SM clock columns: median MHz over the series and the share of its samples under the power cap.
+std::string clock_columns(const ClockSummary& c) {
+  char buf[32];
+  if (c.samples == 0) return "     -      -";
+  std::snprintf(buf, sizeof buf, "%6.0f %5.0f%%", c.median_mhz, 100.0 * c.power_capped_fraction);
+  return buf;
+}
+
 Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
              const Ceilings& ceil, StreamingRead& read, ClockSampler* clock, bool with_baseline, const Options& o) {
   const MoeConfig& cfg = shape.config;
@@ -207,16 +215,17 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   };
   if (o.per_set) print_in_order("forward, input sets in turn", t_ids);
   for (int s = 0; o.per_set && s < kInputSets; ++s) {
-    const Timing t = time_ms(stream, 2, kRepeats / 2, [&](int) { sets[s]->with_ids.launch(stream); });
+    const Timing t = time_ms(stream, 2, kRepeats / 2, [&](int) { sets[s]->with_ids.launch(stream); }, 0.0, clock);
     int min_rows = INT32_MAX, max_rows = 0, tiles128 = 0;
     for (const auto& [expert, rows] : sets[s]->local_rows) {
       min_rows = std::min(min_rows, rows);
       max_rows = std::max(max_rows, rows);
       tiles128 += (rows + 127) / 128;
     }
-    std::printf("         input set %d: %.1f us (min %.1f, max %.1f), %zu experts of %d-%d rows, %d tiles of 128\n", s,
-                1000.0 * t.median_ms, 1000.0 * t.min_ms, 1000.0 * t.max_ms, sets[s]->local_rows.size(),
-                sets[s]->local_rows.empty() ? 0 : min_rows, max_rows, tiles128);
+    std::printf("         input set %d: %.1f us (min %.1f, max %.1f), %zu experts of %d-%d rows, %d tiles of 128; MHz, "
+                "capped: %s\n",
+                s, 1000.0 * t.median_ms, 1000.0 * t.min_ms, 1000.0 * t.max_ms, sets[s]->local_rows.size(),
+                sets[s]->local_rows.empty() ? 0 : min_rows, max_rows, tiles128, clock_columns(t.clock).c_str());
     print_in_order("  the same set", t);
   }
   if (o.stages)
@@ -243,14 +252,6 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   row.floor_ratio = row.floor_us / row.us_ids;
   row.read_us = read.median_us(row.bytes, stream, o.sustain_ms);
   return row;
-}
-
-// The SM clock columns: median MHz over the series and the share of its samples under the power cap.
-std::string clock_columns(const ClockSummary& c) {
-  char buf[32];
-  if (c.samples == 0) return "     -      -";
-  std::snprintf(buf, sizeof buf, "%6.0f %5.0f%%", c.median_mhz, 100.0 * c.power_capped_fraction);
-  return buf;
 }
 
 nlohmann::json clock_json(const ClockSummary& c) {
