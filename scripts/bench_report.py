@@ -97,11 +97,15 @@ def sustained(burst_paths, sustained_paths):
 
 
 def clock(row):
-    """A row's SM clock while it was timed (bench's sm_clock) as 'MHz/capped%', or '-' (not sampled)."""
+    """A row's SM clock while it was timed (bench's sm_clock) as 'MHz/capped%', or '-' (not sampled).
+    MHz is the clock the SMs counted after each replay where the run has it (since Session 39),
+    else NVML's median, which lags a change by tens of milliseconds."""
     c = row.get("sm_clock")
     if not c:
         return "-"
-    return f"{c['median_mhz']:.0f}/{100.0 * c['power_capped_fraction']:.0f}%"
+    mhz = c.get("counted_median_mhz") or c["median_mhz"]
+    capped = f"{100.0 * c['power_capped_fraction']:.0f}%" if c.get("samples") else "-"
+    return f"{mhz:.0f}/{capped}"
 
 
 def compare(path_a, path_b):

@@ -45,7 +45,7 @@ double copy_tb_s(cudaStream_t stream, double sustain_ms) {
   return 2.0 * double(bytes) / (t.median_ms * 1e-3) / 1e12;
 }
 
-double gemm_tflop_s(cublasLtHandle_t lt, cudaStream_t stream, bool fp8, double sustain_ms, ClockSampler* clock = nullptr,
+double gemm_tflop_s(cublasLtHandle_t lt, cudaStream_t stream, bool fp8, double sustain_ms, ClockWatch clock = {},
                     ClockSummary* clock_summary = nullptr) {
   const int64_t n = 8192;
   const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
@@ -119,7 +119,7 @@ double StreamingRead::median_us(double bytes, cudaStream_t stream, double sustai
   return 1000.0 * best;
 }
 
-Ceilings measure_ceilings(int device, double sustain_ms, ClockSampler* clock) {
+Ceilings measure_ceilings(int device, double sustain_ms, ClockWatch clock) {
   DeviceGuard guard(device);
   Ceilings c;
   cudaDeviceProp prop{};

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "gpu_clock.h"
+#include "bench_timing.h"
 #include "runtime/device_buffer.h"
 
 namespace k3moe::cli {
@@ -26,7 +26,7 @@ struct Ceilings {
 };
 
 // sustain_ms: each ceiling is timed after that long of back-to-back calls (bench_timing.h).
-Ceilings measure_ceilings(int device, double sustain_ms, ClockSampler* clock = nullptr);
+Ceilings measure_ceilings(int device, double sustain_ms, ClockWatch clock = {});
 
 // Reads `bytes` of random data with 16-byte streaming loads, nothing else; the best of a few
 // launch shapes. Successive reads start at rotating offsets of a 2 GiB buffer so that L2 does not

@@ -105,16 +105,24 @@ struct Options {
   double sustain_ms = 0.0;  // 0: burst timing (a few warm-up calls); > 0: steady state under load
 };
 
-// The SM clock columns: median MHz over the series and the share of its samples under the power cap.
-std::string clock_columns(const ClockSummary& c) {
-  char buf[32];
-  if (c.samples == 0) return "     -      -";
-  std::snprintf(buf, sizeof buf, "%6.0f %5.0f%%", c.median_mhz, 100.0 * c.power_capped_fraction);
+// The share of NVML's samples under the power cap, or "-" without them.
+std::string capped_text(const ClockSummary& c) {
+  char buf[16] = "-";
+  if (c.samples > 0) std::snprintf(buf, sizeof buf, "%.0f%%", 100.0 * c.power_capped_fraction);
   return buf;
 }
 
+// The clock columns: the median clock the SMs counted (the probe) and capped_text.
+std::string clock_columns(const ClockSummary& c) {
+  char buf[32] = "     -";
+  if (c.counted_median_mhz > 0) std::snprintf(buf, sizeof buf, "%6.0f", c.counted_median_mhz);
+  char out[48];
+  std::snprintf(out, sizeof out, "%s %6s", buf, capped_text(c).c_str());
+  return out;
+}
+
 Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
-             const Ceilings& ceil, StreamingRead& read, ClockSampler* clock, bool with_baseline, const Options& o) {
+             const Ceilings& ceil, StreamingRead& read, ClockWatch clock, bool with_baseline, const Options& o) {
   const MoeConfig& cfg = shape.config;
   const int64_t T = c.tokens, H = cfg.hidden, E = cfg.num_experts, K = cfg.top_k;
   PlanOptions options{cfg, c.tokens, c.mode, cfg.activation, cfg.activation_params, shape.ep, 0};
@@ -208,9 +216,23 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   // The spread of the timed replays: what a second run of the same binary may differ by.
   row.spread_pct = 100.0 * (t_ids.max_ms - t_ids.min_ms) / t_ids.median_ms;
   // --per-set: is a spread between input sets (their routing) or within each?
+  // Each call's us, the clock the SMs counted after it and NVML's last reading before its end (MHz,
+  // and its clock event reasons in hex when there are any).
   auto print_in_order = [](const char* what, const Timing& t) {
-    std::printf("         %s, us in order:", what);
-    for (double ms : t.in_order_ms) std::printf(" %.0f", 1000.0 * ms);
+    std::printf("         %s, us in order%s:", what, t.counted_mhz.empty() ? "" : " @ counted MHz, NVML MHz[, reasons]");
+    size_t next = 0;
+    for (size_t i = 0; i < t.in_order_ms.size(); ++i) {
+      std::printf(" %.0f", 1000.0 * t.in_order_ms[i]);
+      if (i < t.counted_mhz.size()) std::printf("@%.0f", t.counted_mhz[i]);
+      if (t.clock_samples.empty() || i >= t.in_order_end_ms.size()) continue;
+      while (next + 1 < t.clock_samples.size() && t.clock_samples[next + 1].t_ms <= t.in_order_end_ms[i]) ++next;
+      const ClockSample& c = t.clock_samples[next];
+      std::printf(",%u", c.mhz);
+      if (c.reasons != 0) std::printf(",%llx", static_cast<unsigned long long>(c.reasons));
+    }
+    if (t.clock.samples > 0)
+      std::printf("; memory %.0f MHz (NVML median), reasons seen %llx", t.clock.median_mem_mhz,
+                  static_cast<unsigned long long>(t.clock.reasons_seen));
     std::printf("\n");
   };
   if (o.per_set) print_in_order("forward, input sets in turn", t_ids);
@@ -259,7 +281,12 @@ nlohmann::json clock_json(const ClockSummary& c) {
           {"min_mhz", c.min_mhz},
           {"median_mhz", c.median_mhz},
           {"max_mhz", c.max_mhz},
-          {"power_capped_fraction", c.power_capped_fraction}};
+          {"power_capped_fraction", c.power_capped_fraction},
+          {"median_mem_mhz", c.median_mem_mhz},
+          {"reasons_seen", c.reasons_seen},
+          {"counted_min_mhz", c.counted_min_mhz},
+          {"counted_median_mhz", c.counted_median_mhz},
+          {"counted_max_mhz", c.counted_max_mhz}};
 }
 
 std::string today() {
@@ -290,19 +317,22 @@ void bench(const Options& o) {
   K3MOE_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, 0));
   std::unique_ptr<ClockSampler> sampler = o.no_clock ? nullptr : std::make_unique<ClockSampler>(bus_id);
   const std::string no_clock = o.no_clock ? "--no-clock" : sampler->available() ? "" : sampler->why();
-  ClockSampler* clock = no_clock.empty() ? sampler.get() : nullptr;
+  std::unique_ptr<ClockProbe> probe = o.no_clock ? nullptr : std::make_unique<ClockProbe>(kRepeats);
+  const ClockWatch clock{no_clock.empty() ? sampler.get() : nullptr, probe.get()};
   std::printf("measuring ceilings (device copy, cuBLASLt bf16 and fp8 8192^3)...\n");
   const Ceilings ceil = measure_ceilings(0, o.sustain_ms, clock);
   std::printf("%s, %d SMs, %.0f MB L2, driver %d, commit %s\n", ceil.gpu_name.c_str(), ceil.sm_count, ceil.l2_mb,
               ceil.driver_version, o.commit.c_str());
   std::printf("ceilings: copy %.2f TB/s, bf16 %.0f TFLOP/s, fp8 %.0f TFLOP/s\n", ceil.copy_tb_s, ceil.bf16_tflop_s,
               ceil.fp8_tflop_s);
-  if (clock != nullptr)
-    std::printf("SM clock (NVML, every 1 ms of each forward's timed replays): MHz = median, capped = share of samples "
-                "under the power cap; bf16 ceiling at %.0f MHz (%.0f%% capped)\n\n",
-                ceil.bf16_clock.median_mhz, 100.0 * ceil.bf16_clock.power_capped_fraction);
+  if (probe != nullptr)
+    std::printf("SM clock: MHz = the median clock the SMs counted (clock64 over the global timer) right after each of "
+                "the forward's timed replays; capped = share of NVML's 1 ms samples under the power cap (%s; NVML "
+                "lags a change by tens of ms). bf16 ceiling at %.0f MHz (%s capped)\n\n",
+                no_clock.empty() ? "sampled" : no_clock.c_str(), ceil.bf16_clock.counted_median_mhz,
+                capped_text(ceil.bf16_clock).c_str());
   else
-    std::printf("SM clock: not sampled (%s)\n\n", no_clock.c_str());
+    std::printf("SM clock: not measured (--no-clock)\n\n");
   if (o.sustain_ms > 0)
     std::printf("timing: every series after %.0f ms of back-to-back calls (the GPU's steady state under load)\n",
                 o.sustain_ms);
@@ -349,13 +379,15 @@ void bench(const Options& o) {
     j["commit"] = o.commit;
     j["date"] = today();
     j["ceilings"] = {{"copy_tb_s", ceil.copy_tb_s}, {"bf16_tflop_s", ceil.bf16_tflop_s}, {"fp8_tflop_s", ceil.fp8_tflop_s}};
-    if (ceil.bf16_clock.samples > 0) j["ceilings"]["bf16_sm_clock"] = clock_json(ceil.bf16_clock);
+    if (probe != nullptr) j["ceilings"]["bf16_sm_clock"] = clock_json(ceil.bf16_clock);
     j["protocol"] = {{"input_sets", kInputSets},
                      {"repeats", kRepeats},
                      {"timing", "CUDA graph replay, events, median"},
                      {"sustain_ms", o.sustain_ms},
-                     {"sm_clock", clock != nullptr ? "NVML every 1 ms during the forward's timed replays"
-                                                   : "not sampled: " + no_clock}};
+                     {"sm_clock", probe == nullptr ? "not measured: --no-clock"
+                                  : "counted_*: clock64 over the global timer after each timed replay; the rest: "
+                                    "NVML every 1 ms during the forward's timed replays" +
+                                        (no_clock.empty() ? "" : " (not sampled: " + no_clock + ")")}};
     for (const Row& r : rows) {
       j["rows"].push_back({{"shape", r.c.shape},
                            {"tokens", r.c.tokens},
@@ -376,7 +408,7 @@ void bench(const Options& o) {
                            {"baseline_us", r.baseline_us},
                            {"speedup", r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0},
                            {"baseline_rel_l2_vs_k3moe", r.baseline_rel_l2}});
-      if (r.clock.samples > 0) j["rows"].back()["sm_clock"] = clock_json(r.clock);
+      if (probe != nullptr) j["rows"].back()["sm_clock"] = clock_json(r.clock);
       for (int s = 0; s < int(r.stages.size()); ++s)
         if (r.stages[s].ran)
           j["rows"].back()["stages_us"][std::string(to_string(ForwardStage(s)))] = {
@@ -413,8 +445,10 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(0.0, 600000.0))
       ->capture_default_str();
   cmd->add_flag("--per-set", o->per_set,
-                "Also time each of the rotated input sets alone (their routing differs) and print its rows per expert");
-  cmd->add_flag("--no-clock", o->no_clock, "Do not sample the SM clock (NVML) during the timed series");
+                "Print the timed replays in order, each with the clock after it, then time each rotated input set "
+                "alone (their routing differs) with its rows per expert");
+  cmd->add_flag("--no-clock", o->no_clock,
+                "Do not measure the SM clock (NVML samples during the timed series, a probe after each call)");
   cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");
   cmd->add_flag("--stages", o->stages,
                 "Print when each stage ran in the replayed graph (medians; a separate graph with stage_times)");

@@ -8,7 +8,8 @@ namespace k3moe::cli {
 namespace {
 
 constexpr int kNvmlSuccess = 0;
-constexpr int kNvmlClockSm = 1;  // nvmlClockType_t NVML_CLOCK_SM
+constexpr int kNvmlClockSm = 1;   // nvmlClockType_t NVML_CLOCK_SM
+constexpr int kNvmlClockMem = 2;  // NVML_CLOCK_MEM
 
 template <class F>
 F symbol(void* library, const char* name) {
@@ -65,20 +66,28 @@ bool ClockSampler::read(ClockSample& sample) const {
   unsigned long long reasons = 0;
   if (clock_info_(device_, kNvmlClockSm, &sample.mhz) != kNvmlSuccess) return false;
   if (event_reasons_(device_, &reasons) == kNvmlSuccess) sample.reasons = reasons;
+  if (clock_info_(device_, kNvmlClockMem, &sample.mem_mhz) != kNvmlSuccess) sample.mem_mhz = 0;
   return true;
 }
 
 void ClockSampler::start() {
   if (!available() || running_) return;
   samples_.clear();
+  origin_ = std::chrono::steady_clock::now();
   running_ = true;
   thread_ = std::thread([this] {
     for (auto next = std::chrono::steady_clock::now(); running_; std::this_thread::sleep_until(next)) {
       next += std::chrono::microseconds(period_us_);
       ClockSample sample;
-      if (read(sample)) samples_.push_back(sample);
+      if (!read(sample)) continue;
+      sample.t_ms = elapsed_ms();
+      samples_.push_back(sample);
     }
   });
+}
+
+double ClockSampler::elapsed_ms() const {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - origin_).count();
 }
 
 ClockSummary ClockSampler::stop() {

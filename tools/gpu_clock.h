@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -17,6 +18,8 @@ namespace k3moe::cli {
 struct ClockSample {
   unsigned mhz = 0;
   uint64_t reasons = 0;  // NVML's clock event reasons (nvmlClocksEventReason*) at the sample
+  unsigned mem_mhz = 0;  // the memory clock (0: not reported)
+  double t_ms = 0;        // since the sampler's start()
 };
 
 // NVML's reasons that mean the power limit holds the clock down: the software power cap and the
@@ -27,6 +30,10 @@ struct ClockSummary {
   int samples = 0;  // 0: no samples (NVML absent, or the series was shorter than one period)
   double min_mhz = 0, median_mhz = 0, max_mhz = 0;
   double power_capped_fraction = 0;  // of the samples with a kPowerCapReasons bit
+  double median_mem_mhz = 0;
+  uint64_t reasons_seen = 0;  // every reason bit of any sample
+  // The clock the SMs counted after each call (clock_probe.h; 0 without the probe).
+  double counted_min_mhz = 0, counted_median_mhz = 0, counted_max_mhz = 0;
 };
 
 inline ClockSummary summarize_clock(std::vector<ClockSample> samples) {
@@ -40,10 +47,15 @@ inline ClockSummary summarize_clock(std::vector<ClockSample> samples) {
   const auto capped = std::count_if(samples.begin(), samples.end(),
                                     [](const ClockSample& x) { return (x.reasons & kPowerCapReasons) != 0; });
   s.power_capped_fraction = double(capped) / double(samples.size());
+  std::vector<unsigned> mem;
+  for (const ClockSample& x : samples) mem.push_back(x.mem_mhz);
+  std::nth_element(mem.begin(), mem.begin() + mem.size() / 2, mem.end());
+  s.median_mem_mhz = mem[mem.size() / 2];
+  for (const ClockSample& x : samples) s.reasons_seen |= x.reasons;
   return s;
 }
 
-// Samples one GPU's SM clock and clock event reasons every `period_us` on a thread of its own,
+// Samples one GPU's SM clock, clock event reasons and memory clock every `period_us` on a thread of its own,
 // between start() and stop(). Not available (available() false, why() says why) without NVML or
 // without a GPU at `pci_bus_id` (cudaDeviceGetPCIBusId's form); then stop() returns no samples.
 class ClockSampler {
@@ -57,6 +69,10 @@ class ClockSampler {
   const std::string& why() const { return why_; }
   void start();
   ClockSummary stop();
+  // The last series' samples, and the milliseconds from its start() to now (steady clock): a
+  // caller marks its own events on the samples' time axis.
+  const std::vector<ClockSample>& samples() const { return samples_; }
+  double elapsed_ms() const;
 
  private:
   bool read(ClockSample& sample) const;
@@ -70,6 +86,7 @@ class ClockSampler {
   std::string why_;
   std::atomic<bool> running_{false};
   std::thread thread_;
+  std::chrono::steady_clock::time_point origin_;
   std::vector<ClockSample> samples_;
 };
 

@@ -22,6 +22,13 @@ TEST(ClockSummary, MedianRangeAndTheShareUnderThePowerCap) {
   EXPECT_EQ(s.max_mhz, 1980.0);
   EXPECT_EQ(s.median_mhz, 1830.0);  // sorted 1695 1710 1740 1830 1980 1980: element 3
   EXPECT_DOUBLE_EQ(s.power_capped_fraction, 3.0 / 6.0);
+  EXPECT_EQ(s.reasons_seen, 0x4u | 0x20u | 0x1u | 0x80u);
+}
+
+TEST(ClockSummary, MemoryClockMedian) {
+  const ClockSummary s = summarize_clock({{1980, 0, 3201}, {1700, 0x4, 2619}, {1800, 0, 3201}});
+  EXPECT_EQ(s.median_mem_mhz, 3201.0);
+  EXPECT_EQ(s.median_mhz, 1800.0);  // the SM clock's median is taken on its own
 }
 
 TEST(ClockSampler, WithoutAGpuAtTheBusIdItSaysWhyAndSamplesNothing) {

@@ -60,6 +60,12 @@ def test_compare_shows_each_runs_clock_where_it_was_sampled(tmp_path):
     b = write(tmp_path, "b.json", [capped])
     line = bench_report.compare(a, b)[1]
     assert line.split()[-2:] == ["-", "1665/34%"]
+    # Runs since Session 39 also hold the clock the SMs counted, which NVML's median lags behind.
+    counted = dict(capped, sm_clock=dict(capped["sm_clock"], counted_median_mhz=1709.0))
+    unsampled = dict(capped, sm_clock=dict(counted["sm_clock"], samples=0))
+    c = write(tmp_path, "c.json", [counted])
+    d = write(tmp_path, "d.json", [unsampled])
+    assert bench_report.compare(c, d)[1].split()[-2:] == ["1709/34%", "1709/-"]
 
 
 def test_sustained_sets_each_case_beside_its_burst_row(tmp_path):
