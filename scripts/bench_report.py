@@ -8,6 +8,8 @@
   scripts/bench_report.py compare A.json B.json                   per row: A and B us, B / A - 1, floor/t,
                                                                   and each run's SM clock (median MHz / share
                                                                   under the power cap) where it was sampled
+  scripts/bench_report.py targets DECODE.json [PREFILL.json ...]  the README's table of issues 4 and 5's
+                                                                  targets against the run's floor/t
 
 Only the standard library; tests/python/test_bench_report.py checks them and that the README's
 tables are the ones its "Latest run" JSON gives.
@@ -81,6 +83,41 @@ SUSTAINED_HEADER = ("| shape | T | mode | µs burst | µs sustained | change | f
 SUSTAINED_RULE = "|" + "---|" * 9
 
 
+# The speed targets of issues 4 (decode: floor/t against the memory floor) and 5 (prefill: floor/t,
+# which from T = 4096 is the fraction of the mode's GEMM ceiling, bf16 for a16 and fp8 for mxfp8).
+TARGETS = [
+    (4, "local28", 1, ("a16", "mxfp8"), 0.90),
+    (4, "local28", 8, ("a16", "mxfp8"), 0.88),
+    (4, "local28", 32, ("a16", "mxfp8"), 0.88),
+    (4, "ep32", 64, ("a16", "mxfp8"), 0.85),
+    (4, "ep16", 256, ("a16", "mxfp8"), 0.88),
+    (4, "ep32", 8, ("a16", "mxfp8"), 0.70),
+    (5, "local28", 4096, ("mxfp8",), 0.65),
+    (5, "local28", 4096, ("a16",), 0.70),
+    (5, "local28", 128, ("a16", "mxfp8"), 0.75),
+    (5, "ep16", 8192, ("mxfp8",), 0.65),
+]
+
+TARGETS_HEADER = "| issue | shape | T | mode | target floor/t | floor/t | |"
+TARGETS_RULE = "|" + "---|" * 7
+
+
+def targets(paths):
+    """Each target of TARGETS beside the run's floor/t: met, or how far short (a case the run lacks: '-')."""
+    rows = {key(r): r for path in paths for r in load_rows(path)}
+    lines = [TARGETS_HEADER, TARGETS_RULE]
+    for issue, shape, tokens, modes, target in TARGETS:
+        for mode in modes:
+            r = rows.get((shape, tokens, mode))
+            if r is None:
+                lines.append(f"| {issue} | {shape} | {tokens} | {mode} | {target:.2f} | - | not in this run |")
+                continue
+            ratio = r["floor_ratio"]
+            verdict = "met" if ratio >= target else f"short by {target - ratio:.3f}"
+            lines.append(f"| {issue} | {shape} | {tokens} | {mode} | {target:.2f} | {ratio:.3f} | {verdict} |")
+    return lines
+
+
 def sustained(burst_paths, sustained_paths):
     """Each sustained row beside the burst row of the same case; floor/t against each run's own ceilings."""
     burst = {key(r): r for path in burst_paths for r in load_rows(path)}
@@ -138,6 +175,8 @@ def main(argv=None):
     s = sub.add_parser("sustained", help="burst and sustained-load runs of the same cases side by side")
     s.add_argument("burst", nargs="+")
     s.add_argument("--sustained", nargs="+", required=True)
+    g = sub.add_parser("targets", help="issues 4 and 5's speed targets against one run's floor/t")
+    g.add_argument("json", nargs="+")
     c = sub.add_parser("compare", help="two bench JSON files row by row")
     c.add_argument("a")
     c.add_argument("b")
@@ -147,6 +186,8 @@ def main(argv=None):
             lines = table(args.json)
         elif args.command == "sustained":
             lines = sustained(args.burst, args.sustained)
+        elif args.command == "targets":
+            lines = targets(args.json)
         else:
             lines = compare(args.a, args.b)
     except ReportError as e:

@@ -79,6 +79,19 @@ def test_sustained_sets_each_case_beside_its_burst_row(tmp_path):
         bench_report.sustained([burst], [orphan])
 
 
+def test_targets_say_met_or_how_far_short_for_each_mode(tmp_path):
+    decode = write(tmp_path, "d.json", [row(tokens=1, floor_ratio=0.905), row(tokens=1, mode="mxfp8", floor_ratio=0.85),
+                                        row(shape="ep16", tokens=256, floor_ratio=0.88)])
+    lines = bench_report.targets([decode])
+    assert lines[:2] == [bench_report.TARGETS_HEADER, bench_report.TARGETS_RULE]
+    assert lines[2] == "| 4 | local28 | 1 | a16 | 0.90 | 0.905 | met |"
+    assert lines[3] == "| 4 | local28 | 1 | mxfp8 | 0.90 | 0.850 | short by 0.050 |"
+    assert "| 4 | ep16 | 256 | a16 | 0.88 | 0.880 | met |" in lines  # at the target is met
+    assert "| 5 | ep16 | 8192 | mxfp8 | 0.65 | - | not in this run |" in lines
+    # one row per (case, mode) of the issues: 6 decode cases x 2 modes, 4096 x 1 + 1, 128 x 2, 8192 x 1
+    assert len(lines) == 2 + 12 + 2 + 2 + 1
+
+
 def test_bad_input_names_the_file_and_what_is_missing(tmp_path):
     no_rows = tmp_path / "no_rows.json"
     no_rows.write_text(json.dumps({"commit": "abc"}))
@@ -104,3 +117,5 @@ def test_readme_table_is_the_one_its_latest_run_gives():
     expected = "\n".join(bench_report.sustained(files, steady))
     assert expected in readme, ("README.md's sustained-load table differs from scripts/bench_report.py sustained "
                                 + " ".join(files) + " --sustained " + " ".join(steady))
+    expected = "\n".join(bench_report.targets(files))
+    assert expected in readme, "README.md's targets table differs from scripts/bench_report.py targets " + " ".join(files)
