@@ -2,7 +2,7 @@
 // With sustain_ms > 0 the calls first run back to back for that long, so that what is timed runs
 // in the GPU's steady state under load (on the H200 the forward reaches its 700 W power limit
 // within ~100 ms and the SM clock drops from 1980 MHz to 1.05-1.98 GHz; bench/NOTES.md, Session 28).
-// With a ClockWatch the SM clock is sampled (NVML: also the memory clock, power) while the timed
+// With a ClockWatch the SM clock is sampled (NVML: also the memory clock) while the timed
 // calls run, and counted after each call (the probe).
 #pragma once
 
