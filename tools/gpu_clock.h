@@ -1,8 +1,10 @@
 // The SM clock while a benchmark series runs, sampled through NVML: the H200 lowers its clock
-// under its power cap within ~0.1 s of heavy load, so a long "burst" series (local28 T >= 1024)
-// may run partly or wholly below the clock its ceilings ran at (bench/NOTES.md, Session 38).
-// NVML is opened at run time (libnvidia-ml.so.1 comes with the driver), so the tools do not link
-// it and a machine without it only loses the clock columns.
+// under its power cap 40-60 ms into heavy load, so a long "burst" series (local28 T >= 1024) may
+// run partly or wholly below the clock its ceilings ran at (bench/NOTES.md, Sessions 38-39).
+// NVML's clock and cap reasons lag the change by 10-40 ms; clock_probe.h counts the clock itself,
+// and these samples keep the cap reasons and the memory clock. NVML is opened at run time
+// (libnvidia-ml.so.1 comes with the driver), so the tools do not link it and a machine without it
+// only loses those.
 #pragma once
 
 #include <algorithm>
