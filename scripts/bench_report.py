@@ -9,7 +9,10 @@
                                                                   and each run's SM clock (median MHz / share
                                                                   under the power cap) where it was sampled
   scripts/bench_report.py targets DECODE.json [PREFILL.json ...]  the README's table of issues 4 and 5's
-                                                                  targets against the run's floor/t
+                                                                  targets against the run's floor/t, and the
+                                                                  floor/t of a pure read of the same bytes
+  scripts/bench_report.py stages DECODE.json                      the README's breakdown of each decode row:
+                                                                  each stage's us and each GEMM's TB/s
 
 Only the standard library; tests/python/test_bench_report.py checks them and that the README's
 tables are the ones its "Latest run" JSON gives.
@@ -98,23 +101,76 @@ TARGETS = [
     (5, "ep16", 8192, ("mxfp8",), 0.65),
 ]
 
-TARGETS_HEADER = "| issue | shape | T | mode | target floor/t | floor/t | |"
-TARGETS_RULE = "|" + "---|" * 7
+TARGETS_HEADER = "| issue | shape | T | mode | target floor/t | floor/t | | pure read floor/t |"
+TARGETS_RULE = "|" + "---|" * 8
 
 
 def targets(paths):
-    """Each target of TARGETS beside the run's floor/t: met, or how far short (a case the run lacks: '-')."""
+    """Each target of TARGETS beside the run's floor/t: met, or how far short (a case the run lacks: '-').
+
+    For issue 4's memory-bound rows also the floor/t of the run's pure read of the same bytes (floor /
+    read time = floor/t / read/t, timed under the same protocol): what any kernel streaming those bytes
+    reached on that GPU. A target above it is out of reach of any kernel there; prefill's floor is
+    the tensor cores', so its rows show '-'."""
     rows = {key(r): r for path in paths for r in load_rows(path)}
     lines = [TARGETS_HEADER, TARGETS_RULE]
     for issue, shape, tokens, modes, target in TARGETS:
         for mode in modes:
             r = rows.get((shape, tokens, mode))
             if r is None:
-                lines.append(f"| {issue} | {shape} | {tokens} | {mode} | {target:.2f} | - | not in this run |")
+                lines.append(f"| {issue} | {shape} | {tokens} | {mode} | {target:.2f} | - | not in this run | - |")
                 continue
             ratio = r["floor_ratio"]
             verdict = "met" if ratio >= target else f"short by {target - ratio:.3f}"
-            lines.append(f"| {issue} | {shape} | {tokens} | {mode} | {target:.2f} | {ratio:.3f} | {verdict} |")
+            read = "-"
+            if issue == 4 and r["read_ratio"] > 0:
+                read_floor = ratio / r["read_ratio"]
+                read = f"{read_floor:.3f}" + (" (below the target)" if read_floor < target else "")
+            lines.append(f"| {issue} | {shape} | {tokens} | {mode} | {target:.2f} | {ratio:.3f} | {verdict} | {read} |")
+    return lines
+
+
+# One full-size Kimi-K3 expert's MXFP4 weights with their E8M0 scales (../shared/docs/PERF.md):
+# GEMM1 streams W13, GEMM2 W2.
+W13_BYTES = 11_698_176
+W2_BYTES = 5_849_088
+
+STAGES_HEADER = ("| shape | T | mode | µs | permutation | GEMM1 | GEMM1 TB/s | activation | GEMM2 | GEMM2 TB/s "
+                 "| combine | outside the kernels | pure read TB/s |")
+STAGES_RULE = "|" + "---|" * 13
+
+
+def stages(paths):
+    """Where each decode row's time goes, from its stage spans (bench --stages: medians over replays of
+    when each kernel's last CTA ended, in us from the forward's first mark), as consecutive spans that
+    add up to the row's us: the permutation to its end; GEMM1 from there to its end (W13's bytes over
+    it); the activation stage that sums GEMM1's K splits, where it runs, to its end; GEMM2 from there
+    to its end (W2's bytes over it; its first stages stream before it, behind GEMM1's tail); the
+    combine to its end; and the replay's time outside the kernels (the graph launch and events). The
+    pure read's TB/s is the row's bytes over its time under the same protocol, which includes that
+    outside time too. Rows on the wgmma kernels (prefill: GEMM2 follows GEMM1's tiles without a
+    grid-wide wait, so the spans overlap) and rows without spans are left out."""
+    lines = [STAGES_HEADER, STAGES_RULE]
+    for path in paths:
+        for r in load_rows(path):
+            spans = r.get("stages_us")
+            if not spans or spans.get("GEMM2", {}).get("last_wait", -1) < 0:
+                continue
+            try:
+                perm, g1, g2, comb = (spans[s]["last_end"] for s in ("permutation", "GEMM1", "GEMM2", "combine"))
+                act = spans["activation"]["last_end"] if "activation" in spans else None
+            except (KeyError, TypeError) as e:
+                raise ReportError(f"{path}: {key(r)} has stage spans without {e}") from e
+            g2_begin = g1 if act is None else act
+            if not 0 < perm < g1 <= g2_begin < g2 <= comb or r["streaming_read_us"] <= 0:
+                raise ReportError(f"{path}: {key(r)} has stage ends out of order: permutation {perm}, GEMM1 {g1}, "
+                                  f"activation {act}, GEMM2 {g2}, combine {comb}")
+            experts = r["active_experts"]
+            lines.append(
+                f"| {r['shape']} | {r['tokens']} | {r['mode']} | {r['us']:.1f} | {perm:.1f} | {g1 - perm:.1f} "
+                f"| {experts * W13_BYTES / (g1 - perm) * 1e-6:.2f} | {'-' if act is None else f'{act - g1:.1f}'} "
+                f"| {g2 - g2_begin:.1f} | {experts * W2_BYTES / (g2 - g2_begin) * 1e-6:.2f} | {comb - g2:.1f} "
+                f"| {r['us'] - comb:.1f} | {r['bytes'] / r['streaming_read_us'] * 1e-6:.2f} |")
     return lines
 
 
@@ -177,6 +233,8 @@ def main(argv=None):
     s.add_argument("--sustained", nargs="+", required=True)
     g = sub.add_parser("targets", help="issues 4 and 5's speed targets against one run's floor/t")
     g.add_argument("json", nargs="+")
+    b = sub.add_parser("stages", help="each decode row's stages: us and the GEMMs' TB/s (rows with stage spans)")
+    b.add_argument("json", nargs="+")
     c = sub.add_parser("compare", help="two bench JSON files row by row")
     c.add_argument("a")
     c.add_argument("b")
@@ -188,6 +246,8 @@ def main(argv=None):
             lines = sustained(args.burst, args.sustained)
         elif args.command == "targets":
             lines = targets(args.json)
+        elif args.command == "stages":
+            lines = stages(args.json)
         else:
             lines = compare(args.a, args.b)
     except ReportError as e:

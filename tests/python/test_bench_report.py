@@ -84,12 +84,51 @@ def test_targets_say_met_or_how_far_short_for_each_mode(tmp_path):
                                         row(shape="ep16", tokens=256, floor_ratio=0.88)])
     lines = bench_report.targets([decode])
     assert lines[:2] == [bench_report.TARGETS_HEADER, bench_report.TARGETS_RULE]
-    assert lines[2] == "| 4 | local28 | 1 | a16 | 0.90 | 0.905 | met |"
-    assert lines[3] == "| 4 | local28 | 1 | mxfp8 | 0.90 | 0.850 | short by 0.050 |"
-    assert "| 4 | ep16 | 256 | a16 | 0.88 | 0.880 | met |" in lines  # at the target is met
-    assert "| 5 | ep16 | 8192 | mxfp8 | 0.65 | - | not in this run |" in lines
+    # pure read floor/t = floor/t / read/t (0.8534 in row())
+    assert lines[2] == "| 4 | local28 | 1 | a16 | 0.90 | 0.905 | met | 1.060 |"
+    assert lines[3] == "| 4 | local28 | 1 | mxfp8 | 0.90 | 0.850 | short by 0.050 | 0.996 |"
+    assert "| 4 | ep16 | 256 | a16 | 0.88 | 0.880 | met | 1.031 |" in lines  # at the target is met
+    assert "| 5 | ep16 | 8192 | mxfp8 | 0.65 | - | not in this run | - |" in lines
     # one row per (case, mode) of the issues: 6 decode cases x 2 modes, 4096 x 1 + 1, 128 x 2, 8192 x 1
     assert len(lines) == 2 + 12 + 2 + 2 + 1
+
+
+def test_targets_say_where_a_pure_read_falls_below_the_target(tmp_path):
+    slow_read = dict(row(shape="ep32", tokens=8, floor_ratio=0.375), read_ratio=0.554)
+    prefill = dict(row(tokens=4096, floor_ratio=0.784), read_ratio=0.018)
+    lines = bench_report.targets([write(tmp_path, "d.json", [slow_read, prefill])])
+    assert "| 4 | ep32 | 8 | a16 | 0.70 | 0.375 | short by 0.325 | 0.677 (below the target) |" in lines
+    assert "| 5 | local28 | 4096 | a16 | 0.70 | 0.784 | met | - |" in lines  # compute floor: no read bound
+
+
+def spans(**ends):
+    """bench --stages spans with these last ends (a wait of 0.5 us after each stage's start)."""
+    return {stage: {"last_start": 0.0, "last_wait": 0.5, "last_end": end} for stage, end in ends.items()}
+
+
+def test_stages_split_the_time_into_consecutive_spans_and_rates(tmp_path):
+    w13, w2 = bench_report.W13_BYTES, bench_report.W2_BYTES
+    whole_k = dict(row(us=80.0), active_experts=16.0, bytes=16 * (w13 + w2), streaming_read_us=70.0,
+                   stages_us=spans(permutation=1.0, GEMM1=49.0, GEMM2=71.0, combine=73.0))
+    split_k = dict(whole_k, tokens=8, stages_us=spans(permutation=2.0, GEMM1=86.0, activation=90.0, GEMM2=130.0,
+                                                     combine=133.0))
+    prefill = dict(whole_k, tokens=4096, stages_us=dict(spans(permutation=9.0, GEMM1=4900.0, GEMM2=6900.0,
+                                                              combine=7100.0), GEMM2={"last_start": 1.0,
+                                                                                      "last_wait": -1,
+                                                                                      "last_end": 6900.0}))
+    unmarked = {k: v for k, v in dict(whole_k, tokens=32).items() if k != "stages_us"}
+    lines = bench_report.stages([write(tmp_path, "d.json", [whole_k, split_k, prefill, unmarked])])
+    assert lines[:2] == [bench_report.STAGES_HEADER, bench_report.STAGES_RULE]
+    # GEMM1 48 us for 16 x W13 (187.2 MB): 3.90 TB/s; GEMM2 22 us for 16 x W2; read 280.8 MB in 70 us
+    assert lines[2] == "| local28 | 1 | a16 | 80.0 | 1.0 | 48.0 | 3.90 | - | 22.0 | 4.25 | 2.0 | 7.0 | 4.01 |"
+    assert lines[3] == "| local28 | 8 | a16 | 80.0 | 2.0 | 84.0 | 2.23 | 4.0 | 40.0 | 2.34 | 3.0 | -53.0 | 4.01 |"
+    assert len(lines) == 4  # the wgmma row (GEMM2 without a wait) and the row without spans are left out
+    backwards = dict(whole_k, stages_us=spans(permutation=1.0, GEMM1=49.0, GEMM2=40.0, combine=73.0))
+    with pytest.raises(bench_report.ReportError, match=r"b\.json: \('local28', 1, 'a16'\) has stage ends out of order"):
+        bench_report.stages([write(tmp_path, "b.json", [backwards])])
+    no_combine = dict(whole_k, stages_us=spans(permutation=1.0, GEMM1=49.0, GEMM2=71.0))
+    with pytest.raises(bench_report.ReportError, match=r"has stage spans without 'combine'"):
+        bench_report.stages([write(tmp_path, "c.json", [no_combine])])
 
 
 def test_bad_input_names_the_file_and_what_is_missing(tmp_path):
@@ -119,3 +158,5 @@ def test_readme_table_is_the_one_its_latest_run_gives():
                                 + " ".join(files) + " --sustained " + " ".join(steady))
     expected = "\n".join(bench_report.targets(files))
     assert expected in readme, "README.md's targets table differs from scripts/bench_report.py targets " + " ".join(files)
+    expected = "\n".join(bench_report.stages(files[:1]))
+    assert expected in readme, "README.md's stage breakdown differs from scripts/bench_report.py stages " + files[0]
