@@ -109,8 +109,8 @@ def targets(paths):
     """Each target of TARGETS beside the run's floor/t: met, or how far short (a case the run lacks: '-').
 
     For issue 4's memory-bound rows also the floor/t of the run's pure read of the same bytes (floor /
-    read time = floor/t / read/t, timed under the same protocol): what any kernel streaming those bytes
-    reached on that GPU. A target above it is out of reach of any kernel there; prefill's floor is
+    read time = floor/t / read/t, timed under the same protocol): what a kernel that only streams
+    those bytes reached on that GPU, marked where that falls below the target; prefill's floor is
     the tensor cores', so its rows show '-'."""
     rows = {key(r): r for path in paths for r in load_rows(path)}
     lines = [TARGETS_HEADER, TARGETS_RULE]
@@ -166,6 +166,10 @@ def stages(paths):
                 raise ReportError(f"{path}: {key(r)} has stage ends out of order: permutation {perm}, GEMM1 {g1}, "
                                   f"activation {act}, GEMM2 {g2}, combine {comb}")
             experts = r["active_experts"]
+            weights = experts * (W13_BYTES + W2_BYTES)  # the row's bytes add its tokens' x, ids and output
+            if not weights <= r["bytes"] <= 1.01 * weights:
+                raise ReportError(f"{path}: {key(r)} streams {r['bytes']:.0f} bytes, not {experts} full-size Kimi-K3 "
+                                  f"experts of {W13_BYTES + W2_BYTES} bytes: its GEMMs' TB/s would be wrong")
             lines.append(
                 f"| {r['shape']} | {r['tokens']} | {r['mode']} | {r['us']:.1f} | {perm:.1f} | {g1 - perm:.1f} "
                 f"| {experts * W13_BYTES / (g1 - perm) * 1e-6:.2f} | {'-' if act is None else f'{act - g1:.1f}'} "

@@ -126,6 +126,9 @@ def test_stages_split_the_time_into_consecutive_spans_and_rates(tmp_path):
     backwards = dict(whole_k, stages_us=spans(permutation=1.0, GEMM1=49.0, GEMM2=40.0, combine=73.0))
     with pytest.raises(bench_report.ReportError, match=r"b\.json: \('local28', 1, 'a16'\) has stage ends out of order"):
         bench_report.stages([write(tmp_path, "b.json", [backwards])])
+    reduced = dict(whole_k, bytes=whole_k["bytes"] / 4)  # a reduced-size layer: W13 / W2 bytes unknown here
+    with pytest.raises(bench_report.ReportError, match=r"not 16.0 full-size Kimi-K3 experts"):
+        bench_report.stages([write(tmp_path, "r.json", [reduced])])
     no_combine = dict(whole_k, stages_us=spans(permutation=1.0, GEMM1=49.0, GEMM2=71.0))
     with pytest.raises(bench_report.ReportError, match=r"has stage spans without 'combine'"):
         bench_report.stages([write(tmp_path, "c.json", [no_combine])])
