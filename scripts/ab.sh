@@ -7,6 +7,7 @@
 # e.g. scripts/ab.sh main/k3moe draft/k3moe 2 --suite decode --mode a16
 # Prints each round's output (ceilings, rows), labelled A or B; `--no-baseline` is added (the baseline is the same for
 # both builds).
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -uo pipefail
 
 a=${1:?usage: scripts/ab.sh A_BIN B_BIN ROUNDS [bench options...]}

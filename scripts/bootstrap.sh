@@ -2,6 +2,7 @@
 # Installs what building and testing k3moe needs, where it is missing: Debian packages (when run
 # as root with apt-get) and a Python virtual environment (.venv) for the cross-check tests.
 # Idempotent; prints what it could not install. Sourced or run by scripts/run.sh and test.sh.
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 

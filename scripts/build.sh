@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds k3moe into build/ (Release). With nvcc: the GPU library, kernels and
 # tools; without: the host library, the CPU tests and `k3moe run` on the CPU reference.
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$root/scripts/bootstrap.sh"

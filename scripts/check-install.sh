@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs build/ into a temporary prefix and builds a consumer project with find_package(k3moe).
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 prefix=$(mktemp -d)

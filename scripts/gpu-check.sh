@@ -10,6 +10,7 @@
 # tool brings back a limited number of files per call).
 # Without it, the build needs the DLPack header: either installed, or libdlpack-dev*.deb in .deps/
 # (unpacked into .deps/prefix, never into /).
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -uo pipefail
 
 out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps LIST] [--commit SHA] [--pack]}

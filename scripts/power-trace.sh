@@ -7,6 +7,7 @@
 #   scripts/power-trace.sh OUT.csv COMMAND [ARGS...]
 #
 # e.g. scripts/power-trace.sh /tmp/p.csv build/tools/k3moe bench --shape ep16 --tokens 256 --sustain-ms 2000
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -uo pipefail
 
 csv=${1:?usage: scripts/power-trace.sh OUT.csv COMMAND [ARGS...]}

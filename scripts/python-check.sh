@@ -9,6 +9,7 @@
 # want of torch, the package or a Hopper GPU fails instead), BUILD_DIR (default build-py-wheel,
 # kept between runs so that a warm machine rebuilds only what changed), K3MOE_BIN (the k3moe
 # program for the oracle test; default: built here, host code only, into build-py-host).
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -uo pipefail
 
 out=${1:?usage: scripts/python-check.sh OUTDIR [pytest args...]}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CPU tests (without the 16 GB full-size test) under AddressSanitizer and
 # UndefinedBehaviorSanitizer, on a host-only Debug build in build-asan/.
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$root/scripts/bootstrap.sh"

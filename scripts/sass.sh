@@ -8,6 +8,7 @@
 # FILE: an object (build*/src/CMakeFiles/k3moe.dir/kernels/*.cu.o), the library or a binary.
 # Without a regex: one line per kernel, its instruction count and its demangled name. With one: the
 # SASS of the kernels whose mangled name matches it (e.g. 'permute_block_kernel').
+source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 file=${1:?usage: scripts/sass.sh FILE [FUNCTION_REGEX]}

@@ -4,6 +4,7 @@
 // forward), and prints what was hit, how long it took, and the error against the reference.
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -106,7 +107,32 @@ std::vector<double> gpu_forward(const RankExperts& experts, const MoeConfig& con
 }
 #endif
 
+struct Backend {
+  bool gpu = false;
+  std::string why_cpu;  // why the CPU reference is the forward, when it is
+};
+
+// Decided before any weights load, so a backend that cannot run fails at once.
+Backend choose_backend(const std::string& requested) {
+  Backend b;
+  if (requested == "cpu") return b;
+#if K3MOE_WITH_CUDA
+  std::string why;
+  b.gpu = hopper_gpu_available(&why);
+  b.why_cpu = "no Hopper GPU (" + why + ")";
+#else
+  b.why_cpu = "this k3moe was built without CUDA (no nvcc at build time)";
+#endif
+  K3MOE_CHECK(b.gpu || requested != "gpu", "--backend gpu: ", b.why_cpu);
+  return b;
+}
+
 void run(const RunOptions& o) {
+  // Every option is checked before the weights load (minutes for a full-size layer).
+  const Mode mode = parse_mode(o.mode);
+  std::optional<Activation> requested_activation;
+  if (!o.activation.empty()) requested_activation = parse_activation(o.activation);
+  const Backend backend = choose_backend(o.backend);
   const ProgressFn progress = stderr_progress();
   const ExpertParallel ep{o.ep_size, o.ep_rank};
   RankExperts experts;
@@ -137,8 +163,7 @@ void run(const RunOptions& o) {
               experts.first_expert + experts.num_local - 1,
               human_bytes(double(experts.num_local) * double(config.expert_bytes())).c_str(), load_time.seconds());
 
-  const Mode mode = parse_mode(o.mode);
-  const Activation activation = o.activation.empty() ? config.activation : parse_activation(o.activation);
+  const Activation activation = requested_activation.value_or(config.activation);
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x_model(size_t(o.tokens) * router.model_hidden);
@@ -165,14 +190,9 @@ void run(const RunOptions& o) {
   std::printf("  CPU float64 reference (mode %s, %s): %.2f s\n", std::string(to_string(mode)).c_str(),
               std::string(to_string(activation)).c_str(), ref_time.seconds());
 
-  bool use_gpu = false;
-#if K3MOE_WITH_CUDA
-  std::string why;
-  use_gpu = o.backend != "cpu" && hopper_gpu_available(&why);
-  K3MOE_CHECK(use_gpu || o.backend != "gpu", "--backend gpu: ", why);
-  if (!use_gpu && o.backend == "auto") std::printf("  no Hopper GPU (%s): the CPU reference is the forward\n", why.c_str());
-#endif
-  if (use_gpu) {
+  if (!backend.gpu && o.backend == "auto")
+    std::printf("  %s: the CPU reference is the forward\n", backend.why_cpu.c_str());
+  if (backend.gpu) {
 #if K3MOE_WITH_CUDA
     double us = 0.0;
     Routing gpu_routing;
@@ -204,7 +224,9 @@ void register_run(CLI::App& app) {
   cmd->add_option("--tokens", o->tokens, "Tokens to route")->capture_default_str()->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--mode", o->mode, "a16 | mxfp8")->capture_default_str();
   cmd->add_option("--activation", o->activation, "situ | swiglu | swiglu_oai (default: the config's)");
-  cmd->add_option("--backend", o->backend, "auto | gpu | cpu")->capture_default_str();
+  cmd->add_option("--backend", o->backend, "auto | gpu | cpu")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "gpu", "cpu"}));
   cmd->add_option("--seed", o->seed, "Seed of the synthetic layer and the tokens")->capture_default_str();
   cmd->callback([o] { run(*o); });
 }

@@ -95,7 +95,7 @@ struct PlanOptions {
   int gemm1_splits = 0;
   int gemm2_splits = 0;
   // The expert GEMMs' kernel and token tile (Auto / 0: the heuristic's). mma.sync takes tiles of
-  // 8, 16 or 32 tokens; wgmma 32, 64, 96 or 128 and keeps K whole (the split overrides do not
+  // 8, 16, 24 or 32 tokens; wgmma 32, 64, 96 or 128 and keeps K whole (the split overrides do not
   // apply to it). A tile alone picks the kernel that has it (32: mma.sync).
   GemmKernel gemm_kernel = GemmKernel::Auto;
   int token_tile = 0;

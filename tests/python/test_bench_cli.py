@@ -3,16 +3,15 @@
 The k3moe binary comes from the environment variable K3MOE_BIN (ctest sets it).
 """
 
-import os
 import subprocess
 
 import pytest
 
+import crosscheck_env
+
 
 def bench(*args):
-    path = os.environ.get("K3MOE_BIN")
-    if not path:
-        pytest.skip("K3MOE_BIN is not set (ctest sets it to the k3moe binary)")
+    path = crosscheck_env.program("K3MOE_BIN")
     return subprocess.run([path, "bench", *args], capture_output=True, text=True, timeout=60)
 
 

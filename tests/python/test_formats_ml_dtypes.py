@@ -12,20 +12,18 @@ explicitly instead of skipping the value:
   * E8M0 has no encoder in k3moe besides the MX round-up scale rule; ml_dtypes' float8_e8m0fnu
     checks the byte of every exact power of two and decodes every scale the rule returns.
 
-Environment: K3MOE_FORMAT_ORACLE = path of the format_oracle binary (the module skips without it).
+Environment: K3MOE_FORMAT_ORACLE = path of the format_oracle binary (the module skips without it, fails under ctest).
 """
 
-import os
 import subprocess
 
 import numpy as np
 import pytest
 
-ml_dtypes = pytest.importorskip("ml_dtypes")
+import crosscheck_env
 
-ORACLE = os.environ.get("K3MOE_FORMAT_ORACLE")
-pytestmark = pytest.mark.skipif(
-    not ORACLE, reason="K3MOE_FORMAT_ORACLE is not set (path of the format_oracle binary)")
+ml_dtypes = crosscheck_env.module("ml_dtypes")
+ORACLE = crosscheck_env.program("K3MOE_FORMAT_ORACLE")
 
 F4 = ml_dtypes.float4_e2m1fn
 F8 = ml_dtypes.float8_e4m3fn

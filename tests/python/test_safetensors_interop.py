@@ -7,15 +7,16 @@ The k3moe binary comes from the environment variable K3MOE_BIN (ctest sets it).
 """
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-safetensors_numpy = pytest.importorskip("safetensors.numpy")
-ml_dtypes = pytest.importorskip("ml_dtypes")
+import crosscheck_env
+
+safetensors_numpy = crosscheck_env.module("safetensors.numpy")
+ml_dtypes = crosscheck_env.module("ml_dtypes")
 
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
@@ -47,10 +48,7 @@ def fnv1a64(data: bytes) -> str:
 
 
 def k3moe_bin() -> str:
-    path = os.environ.get("K3MOE_BIN")
-    if not path:
-        pytest.skip("K3MOE_BIN is not set (ctest sets it to the k3moe binary)")
-    return path
+    return crosscheck_env.program("K3MOE_BIN")
 
 
 def run_k3moe(*args, check=True):
