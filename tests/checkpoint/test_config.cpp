@@ -207,8 +207,23 @@ TEST(Config, DeepNestingIsAnErrorNotACrash) {
   expect_error([&] { MoeConfig::from_json(text, "deep/config.json"); }, {"deep/config.json", "nested deeper than"});
 }
 
+TEST(Config, ReadsEveryActivationParameter) {
+  json j = k3_text_config();
+  j["activation_situ_beta"] = 3.0;
+  j["activation_situ_linear_beta"] = 20.0;
+  j["swiglu_alpha"] = 1.5;
+  j["swiglu_limit"] = 6.0;
+  const ActivationParams p = MoeConfig::from_json(j.dump(), "config.json").activation_params;
+  EXPECT_EQ(p.situ_beta, 3.0f);
+  EXPECT_EQ(p.situ_linear_beta, 20.0f);
+  EXPECT_EQ(p.swiglu_alpha, 1.5f);
+  EXPECT_EQ(p.swiglu_limit, 6.0f);
+}
+
 TEST(Config, ToJsonReadsBack) {
   MoeConfig a = MoeConfig::kimi_k3();
+  a.activation_params.situ_beta = 3.0f;
+  a.activation_params.situ_linear_beta = 20.0f;
   MoeConfig b = testing::small_config();
   b.activation = Activation::SwigluOai;
   b.activation_params.swiglu_alpha = 1.5f;

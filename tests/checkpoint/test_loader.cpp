@@ -2,6 +2,7 @@
 // W13 layout, byte accounting, routers, single-file checkpoints, determinism.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -207,6 +208,29 @@ TEST_F(Loader, ValidateFlagsWhatTheConfigDoesNotExplain) {
   EXPECT_FALSE(has("layer 2 has expert tensors, but"));
   // Per layer: the extra experts and the two router tensors; layer 1 also the dense complaint.
   EXPECT_EQ(problems.size(), 7u);
+}
+
+TEST_F(Loader, ValidateFlagsTheFirstExpertPastNumExperts) {
+  TempDir copy("validate-edge");
+  fs::copy(dir(), copy.path(), fs::copy_options::recursive);
+  testing::edit_json_file(copy.path() / "config.json", [](nlohmann::json& j) { j["text_config"]["num_experts"] = 31; });
+  const auto problems = Checkpoint::open(copy.path()).validate();
+  const auto named = std::count_if(problems.begin(), problems.end(), [](const std::string& p) {
+    return p.find("names expert 31, but num_experts is 31") != std::string::npos;
+  });
+  EXPECT_EQ(named, 2) << "layers 1 and 2";
+}
+
+TEST_F(Loader, ValidateListsAHundredProblemsThenCountsTheRest) {
+  TempDir copy("validate-many");
+  fs::copy(dir(), copy.path(), fs::copy_options::recursive);
+  // Every expert tensor of both MoE layers now has the wrong shape: 2 layers x 32 experts x 6.
+  testing::edit_json_file(copy.path() / "config.json",
+                          [](nlohmann::json& j) { j["text_config"]["moe_intermediate_size"] = 256; });
+  const auto problems = Checkpoint::open(copy.path()).validate();
+  ASSERT_EQ(problems.size(), 101u);
+  EXPECT_EQ(problems.back(), "... and " + std::to_string(2 * 32 * 6 - 100) + " more problems");
+  EXPECT_EQ(std::set<std::string>(problems.begin(), problems.end()).size(), problems.size());
 }
 
 TEST_F(Loader, ReportsProgressPerExpert) {

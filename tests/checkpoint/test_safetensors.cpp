@@ -16,6 +16,9 @@ namespace k3moe {
 namespace {
 
 using testing::expect_error;
+using testing::le64;
+using testing::read_bytes;
+using testing::split_safetensors;
 using testing::TempDir;
 
 std::vector<uint8_t> pattern_bytes(size_t n, uint8_t salt) {
@@ -143,9 +146,13 @@ TEST(Safetensors, ReaderLookupsAndCopies) {
   expect_error([&] { f.get("nope"); }, {"r.safetensors", "nope", "not found"});
   std::vector<uint8_t> small(3);
   expect_error([&] { f.copy_to(f.get("bias"), small); }, {"r.safetensors", "bias", "28", "3"});
+  // A range one byte past the data section (offsets count from its start, after the header).
+  const uint64_t data_size = split_safetensors(read_bytes(path)).data.size();
   TensorInfo foreign = f.get("bias");
-  foreign.end = f.file_size() * 2;
-  expect_error([&] { f.bytes(foreign); }, {"r.safetensors", "bias"});
+  foreign.end = data_size + 1;
+  expect_error([&] { f.bytes(foreign); }, {"r.safetensors", "bias", "data section of " + std::to_string(data_size)});
+  std::vector<uint8_t> large(foreign.nbytes());
+  expect_error([&] { f.copy_to(foreign, large); }, {"r.safetensors", "bias", "data section"});
   expect_error([&] { SafetensorsFile::open(dir.path() / "missing.safetensors"); }, {"missing.safetensors"});
   expect_error([&] { SafetensorsFile::open(dir.path()); }, {"not a regular file"});
 }
@@ -353,11 +360,13 @@ TEST(SafetensorsFuzz, MutatedHeadersParseOrThrowError) {
     for (int m = 0, n = 1 + int(choose() % 3); m < n; ++m) mutator.mutate(bytes);
     const size_t size = bytes.size();
     try {
+      const uint64_t header_length = size >= 8 ? le64(bytes.data()) : 0;
       const SafetensorsFile f = SafetensorsFile::from_bytes(std::move(bytes), "fuzz");
       ++parsed;
+      const uint64_t data_size = size - 8 - header_length;  // the parse checked that it fits
       uint64_t previous_end = 0;
       for (const TensorInfo& t : f.tensors()) {
-        ASSERT_LE(t.end, size) << "iteration " << it << ": tensor " << t.name << " outside the image";
+        ASSERT_LE(t.end, data_size) << "iteration " << it << ": tensor " << t.name << " outside the data section";
         ASSERT_EQ(uint64_t(t.numel() * dtype_size(t.dtype)), t.nbytes()) << "iteration " << it;
         if (t.nbytes() > 0) {
           ASSERT_GE(t.begin, previous_end) << "iteration " << it << ": overlap at " << t.name;

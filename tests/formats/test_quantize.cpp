@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "expect_error.h"
 #include "format_reference.h"
 #include "k3moe/error.h"
 #include "k3moe/formats.h"
@@ -18,6 +19,8 @@
 
 namespace k3moe {
 namespace {
+
+using testing::expect_error;
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
@@ -124,10 +127,11 @@ TEST(QuantizeMxfp4, AllZeroGroupGetsTheSmallestScale) {
 }
 
 TEST(QuantizeMxfp4, RejectsBadShapes) {
+  // Each call breaks one rule and must get that rule's message.
   std::vector<float> v(48);
-  EXPECT_THROW(quantize_mxfp4(v, 1, 48), Error);   // cols not a multiple of 32
-  EXPECT_THROW(quantize_mxfp4(v, 2, 32), Error);   // size mismatch
-  EXPECT_THROW(quantize_mxfp4(v, -1, 32), Error);
+  expect_error([&] { quantize_mxfp4(v, 1, 48); }, {"quantize_mxfp4", "multiple of 32", "got 48"});
+  expect_error([&] { quantize_mxfp4(v, 2, 32); }, {"quantize_mxfp4", "expected 64 values", "got 48"});
+  expect_error([&] { quantize_mxfp4({}, -1, 32); }, {"quantize_mxfp4", ">= 0", "[-1, 32]"});
   const Mxfp4Matrix empty = quantize_mxfp4({}, 0, 64);
   EXPECT_TRUE(empty.packed.empty());
 }
@@ -271,7 +275,10 @@ TEST(QuantizeNvfp4, ZerosAndNonFinite) {
   EXPECT_THROW(quantize_nvfp4(bad, 1, 32), Error);
   bad[7] = kInf;
   EXPECT_THROW(quantize_nvfp4(bad, 1, 32), Error);
-  EXPECT_THROW(quantize_nvfp4(zeros, 1, 24), Error);  // not a multiple of 16
+  expect_error([&] { quantize_nvfp4(std::vector<float>(24), 1, 24); }, {"quantize_nvfp4", "multiple of 16", "got 24"});
+  // Groups of 16: 48 columns (not a multiple of 32) are three groups.
+  const Nvfp4Matrix three = quantize_nvfp4(std::vector<float>(48, 1.0f), 1, 48);
+  EXPECT_EQ(three.scales.size(), 3u);
 }
 
 }  // namespace

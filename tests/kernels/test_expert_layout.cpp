@@ -96,6 +96,28 @@ TEST(ExpertLayout, ScalePositionsAreABijection) {
   EXPECT_EQ(*seen.rbegin(), int64_t(N) * K / 32 - 1);
 }
 
+TEST(ExpertLayout, ScaleBytesOfABlockAreInTheDocumentedOrder) {
+  // Row group g = r % 8 at bytes 4g..4g+3: (row g, k-group 0), (row g + 8, 0), (row g, 1), (row g + 8, 1).
+  const int N = 32, K = 128;
+  EXPECT_EQ(scale_position(0, 0, N, K), 0);
+  EXPECT_EQ(scale_position(8, 0, N, K), 1);
+  EXPECT_EQ(scale_position(0, 32, N, K), 2);
+  EXPECT_EQ(scale_position(8, 63, N, K), 3);
+  EXPECT_EQ(scale_position(1, 0, N, K), 4);
+  EXPECT_EQ(scale_position(15, 40, N, K), 31);
+  // The next k-block of the same row block, then the next row block (block_index's order).
+  EXPECT_EQ(scale_position(0, 64, N, K), kBlockScaleBytes);
+  EXPECT_EQ(scale_position(16, 0, N, K), 2 * kBlockScaleBytes);
+}
+
+TEST(ExpertLayout, W13KernelRowsAreTheDocumentedCheckpointRows) {
+  // Kernel row r: gate row j = 8 (r / 16) + r % 8 for r % 16 < 8, else up row I + j.
+  const int I = 64;
+  const int want[][2] = {{0, 0}, {7, 7}, {8, I}, {15, I + 7}, {16, 8}, {23, 15}, {24, I + 8}, {127, I + 63}};
+  for (const auto& [kernel_row, checkpoint_row] : want)
+    EXPECT_EQ(w13_checkpoint_row(kernel_row, I), checkpoint_row) << "kernel row " << kernel_row;
+}
+
 TEST(ExpertLayout, W13RowOrderPairsGateAndUpInOneBlock) {
   const int I = 64;
   std::set<int> rows;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "k3moe/activation.h"
+#include "expect_error.h"
 #include "k3moe/error.h"
 #include "k3moe/formats.h"
 #include "k3moe/quantize.h"
@@ -29,24 +30,33 @@ const char* name(Activation a) {
 }
 const char* name(Mode m) { return m == Mode::A16 ? "a16" : "mxfp8"; }
 
-// The activations written out from the contract (not through activation.h). gpt-oss's alpha is
-// the fp32 constant 1.702f widened to double, as ActivationParams holds it.
-double model_activation(Activation kind, double g, double u) {
+// The activations written out from the contract (not through activation.h), with the parameters
+// of `p`. gpt-oss's alpha is the fp32 constant 1.702f widened to double, as ActivationParams holds it.
+double model_activation(Activation kind, const ActivationParams& p, double g, double u) {
+  const double beta = p.situ_beta, linear_beta = p.situ_linear_beta;
+  const double alpha = p.swiglu_alpha, limit = p.swiglu_limit;
   switch (kind) {
     case Activation::Situ: {
-      const double gate = 4.0 * std::tanh(g / 4.0) / (1.0 + std::exp(-g));
-      return gate * (25.0 * std::tanh(u / 25.0));
+      const double gate = beta * std::tanh(g / beta) / (1.0 + std::exp(-g));
+      return gate * (linear_beta * std::tanh(u / linear_beta));
     }
     case Activation::Swiglu:
       return g / (1.0 + std::exp(-g)) * u;
     case Activation::SwigluOai:
     default: {
-      const double alpha = double(1.702f);
-      g = std::min(g, 7.0);
-      u = std::max(-7.0, std::min(u, 7.0));
+      g = std::min(g, limit);
+      u = std::max(-limit, std::min(u, limit));
       return g / (1.0 + std::exp(-alpha * g)) * (u + 1.0);
     }
   }
+}
+double model_activation(Activation kind, double g, double u) { return model_activation(kind, {}, g, u); }
+
+// Parameters other than Kimi-K3's and gpt-oss's, exact in fp32, so that a parameter the code
+// ignores shows (the hand case's gates reach 8: the limit 6 clamps some).
+constexpr ActivationParams kOtherParams{3.0f, 20.0f, 1.5f, 6.0f};
+const char* name(const ActivationParams& p) {
+  return p.situ_beta == kOtherParams.situ_beta ? "(other parameters)" : "(the models' parameters)";
 }
 
 double to_bf16(double v) { return double(round_to_bf16(float(v))); }
@@ -86,32 +96,34 @@ struct HandCase {
   double x_at(int t, int j) const { return double(bf16_bits_to_float(x[size_t(t) * 32 + j])); }
 };
 
-TEST(ReferenceForward, HandCaseIsExactInEveryModeAndActivation) {
+void expect_hand_case_exact(const ActivationParams& params) {
   HandCase hc;
   for (Activation act : kActivations) {
+    const std::string what = std::string(name(act)) + " " + name(params);
     // Ideal: out = 0.75 * (a0 / 2) + 0.25 * a1 (token 0), 0.5 * a1 (token 1). The model and the
     // library each evaluate the activation within a few double ulps (<= ~10 roundings and two
     // libm calls of <= 1 ulp): 1e-14 of the terms' magnitude covers both.
     std::vector<double> want_ideal(64);
     for (int j = 0; j < 32; ++j) {
       const double x0 = hc.x_at(0, j), x1 = hc.x_at(1, j);
-      const double a00 = model_activation(act, x0, 2 * x0), a01 = model_activation(act, -4 * x0, 4 * x0);
-      const double a11 = model_activation(act, -4 * x1, 4 * x1);
+      const double a00 = model_activation(act, params, x0, 2 * x0);
+      const double a01 = model_activation(act, params, -4 * x0, 4 * x0);
+      const double a11 = model_activation(act, params, -4 * x1, 4 * x1);
       want_ideal[j] = 0.75 * (a00 / 2) + 0.25 * a01;
       want_ideal[32 + j] = 0.5 * a11;
     }
     for (Mode mode : kModes) {
-      const ReferenceProblem p{&hc.experts, 2, hc.x, &hc.routing, mode, act, {}};
+      const ReferenceProblem p{&hc.experts, 2, hc.x, &hc.routing, mode, act, params};
       const auto ideal = reference_forward(p, Precision::Ideal);
       ASSERT_EQ(ideal.size(), 64u);
       for (int i = 0; i < 64; ++i) {
         const int j = i % 32;
         const double x0 = hc.x_at(i / 32, j);
-        const double scale = i < 32 ? 0.375 * std::fabs(model_activation(act, x0, 2 * x0)) +
-                                          0.25 * std::fabs(model_activation(act, -4 * x0, 4 * x0))
+        const double scale = i < 32 ? 0.375 * std::fabs(model_activation(act, params, x0, 2 * x0)) +
+                                          0.25 * std::fabs(model_activation(act, params, -4 * x0, 4 * x0))
                                     : std::fabs(want_ideal[i]);
         EXPECT_NEAR(ideal[i], want_ideal[i], 1e-14 * scale + 1e-300)
-            << name(act) << " " << name(mode) << " element " << i;
+            << what << " " << name(mode) << " element " << i;
       }
 
       // Emulate: h is exact (identity weights, exact x); a is rounded fp32 -> bf16 (a16) or
@@ -122,7 +134,7 @@ TEST(ReferenceForward, HandCaseIsExactInEveryModeAndActivation) {
         float a32[32];
         for (int j = 0; j < 32; ++j) {
           const double xv = hc.x_at(t, j);
-          a32[j] = float(model_activation(act, g_scale * xv, u_scale * xv));
+          a32[j] = float(model_activation(act, params, g_scale * xv, u_scale * xv));
         }
         if (mode == Mode::A16) {
           for (int j = 0; j < 32; ++j) a[j] = double(round_to_bf16(a32[j]));
@@ -137,12 +149,17 @@ TEST(ReferenceForward, HandCaseIsExactInEveryModeAndActivation) {
       const auto emu = reference_forward(p, Precision::Emulate);
       for (int j = 0; j < 32; ++j) {
         EXPECT_EQ(emu[j], to_bf16(0.75 * (a00[j] / 2) + 0.25 * a01[j]))
-            << name(act) << " " << name(mode) << " token 0 element " << j;
+            << what << " " << name(mode) << " token 0 element " << j;
         EXPECT_EQ(emu[32 + j], to_bf16(0.5 * a11[j]))
-            << name(act) << " " << name(mode) << " token 1 element " << j;
+            << what << " " << name(mode) << " token 1 element " << j;
       }
     }
   }
+}
+
+TEST(ReferenceForward, HandCaseIsExactInEveryModeAndActivation) {
+  expect_hand_case_exact(ActivationParams{});
+  expect_hand_case_exact(kOtherParams);
 }
 
 TEST(ReferenceForward, IdealDoesNotDependOnTheMode) {
@@ -287,7 +304,7 @@ std::vector<double> model_forward(const ReferenceProblem& p, Precision precision
       }
       std::vector<float> af(I);
       for (int i = 0; i < I; ++i) {
-        a[i] = apply_activation<double>(p.activation, p.params, h[i], h[I + i]);
+        a[i] = model_activation(p.activation, p.params, h[i], h[I + i]);
         af[i] = float(a[i]);
       }
       if (emu && p.mode == Mode::A16)
@@ -319,8 +336,8 @@ struct RandomCase {
         experts(k3test::random_experts(config, ep, seed)),
         x(k3test::random_tokens(T, H, seed + 1)),
         routing(k3test::random_routing(T, config, seed + 2)) {}
-  ReferenceProblem problem(Mode mode, Activation act) const {
-    return {&experts, routing.tokens, x, &routing, mode, act, {}};
+  ReferenceProblem problem(Mode mode, Activation act, const ActivationParams& params = {}) const {
+    return {&experts, routing.tokens, x, &routing, mode, act, params};
   }
 };
 
@@ -328,21 +345,22 @@ TEST(ReferenceForward, MatchesThePlainLoopModel) {
   // H = 64, I = 96 (not a power of two), 8 experts, K = 3, 7 tokens, one slot emptied.
   RandomCase rc(64, 96, 8, 3, 7);
   rc.routing.ids[4] = -1;
-  for (Activation act : kActivations)
-    for (Mode mode : kModes) {
-      const ReferenceProblem p = rc.problem(mode, act);
-      // Ideal: the two compute the same dot products in different orders (four partial sums vs
-      // one). Each differs by <= 2 (n - 1) u sum|terms| (u = 2^-53, n <= 96), i.e. relative
-      // <= 2 (n - 1) u sqrt(n) ~ 2e-13 for random-sign terms, through two GEMMs: 1e-12.
-      const Comparison ci = compare(reference_forward(p, Precision::Ideal), model_forward(p, Precision::Ideal));
-      EXPECT_LT(ci.rel_l2, 1e-12) << name(act) << " " << name(mode);
-      EXPECT_EQ(ci.nonfinite_mismatch, 0);
-      // Emulate: every product in both GEMMs is exact in double (bf16/E4M3 x E2M1 x powers of
-      // two) and the sums span well under 53 bits here, so the dot products are exact in any
-      // order and the outputs agree bit for bit.
-      EXPECT_EQ(reference_forward(p, Precision::Emulate), model_forward(p, Precision::Emulate))
-          << name(act) << " " << name(mode);
-    }
+  for (const ActivationParams& params : {ActivationParams{}, kOtherParams})
+    for (Activation act : kActivations)
+      for (Mode mode : kModes) {
+        const ReferenceProblem p = rc.problem(mode, act, params);
+        // Ideal: the two compute the same dot products in different orders (four partial sums vs
+        // one). Each differs by <= 2 (n - 1) u sum|terms| (u = 2^-53, n <= 96), i.e. relative
+        // <= 2 (n - 1) u sqrt(n) ~ 2e-13 for random-sign terms, through two GEMMs: 1e-12.
+        const Comparison ci = compare(reference_forward(p, Precision::Ideal), model_forward(p, Precision::Ideal));
+        EXPECT_LT(ci.rel_l2, 1e-12) << name(act) << " " << name(mode) << " " << name(params);
+        EXPECT_EQ(ci.nonfinite_mismatch, 0);
+        // Emulate: every product in both GEMMs is exact in double (bf16/E4M3 x E2M1 x powers of
+        // two) and the sums span well under 53 bits here, so the dot products are exact in any
+        // order and the outputs agree bit for bit.
+        EXPECT_EQ(reference_forward(p, Precision::Emulate), model_forward(p, Precision::Emulate))
+            << name(act) << " " << name(mode) << " " << name(params);
+      }
 }
 
 TEST(ReferenceForward, TokenChunksDoNotChangeTheResult) {
@@ -443,15 +461,19 @@ TEST(ReferenceForward, RejectsInvalidIdsNamingTokenAndSlot) {
 
 TEST(ReferenceForward, RejectsInconsistentInputs) {
   RandomCase rc(32, 32, 8, 2, 5);
+  // Each problem breaks one rule and must get that rule's message.
+  using testing::expect_error;
   ReferenceProblem p = rc.problem(Mode::A16, Activation::Situ);
-  p.tokens = 4;  // x and routing hold 5
-  EXPECT_THROW(reference_forward(p, Precision::Ideal), Error);
+  Routing four = rc.routing;
+  four.tokens = 4;  // x holds 5
+  p.routing = &four;
+  expect_error([&] { reference_forward(p, Precision::Ideal); }, {"routing holds 4 tokens, x holds 5"});
   p = rc.problem(Mode::A16, Activation::Situ);
   p.x_bf16 = p.x_bf16.subspan(1);
-  EXPECT_THROW(reference_forward(p, Precision::Ideal), Error);
+  expect_error([&] { reference_forward(p, Precision::Ideal); }, {"x must be [5, 32]", "got 159 values"});
   p = rc.problem(Mode::A16, Activation::Situ);
   p.experts = nullptr;
-  EXPECT_THROW(reference_forward(p, Precision::Ideal), Error);
+  expect_error([&] { reference_forward(p, Precision::Ideal); }, {"problem.experts is null"});
   RankExperts broken = rc.experts;
   broken.w2_scale.pop_back();
   p = rc.problem(Mode::A16, Activation::Situ);
@@ -508,8 +530,10 @@ TEST(ReferenceForward, NaNInOneTokenPoisonsOnlyItsRow) {
 //   mxfp8: x -> E4M3 (through GEMM1 and the activation, whose gate and up halves each pass
 //          their input's relative error at gain ~1: sqrt(2) * 2.66e-2), a -> E4M3 (2.66e-2),
 //          out -> bf16: sqrt(2 + 1) * 2.66e-2 = 4.6e-2
-// fp32 roundings of h and y add ~1e-8. The test allows a factor of 2 either way of the
-// prediction, which a wrong rounding (one missing, one extra or the wrong format) would leave.
+// fp32 roundings of h and y add ~1e-8. The six cases land within -10..+2 % of the prediction (a
+// fixed seed); the test allows 20 % either way. A wrong rounding leaves that window: in a16 one
+// bf16 rounding missing gives 1/sqrt(2) of the prediction, one extra sqrt(3/2); in mxfp8 a missing
+// E4M3 rounding of a gives sqrt(2/3), a bf16 in place of an E4M3 one ~sqrt(2/3).
 TEST(ReferenceForward, EmulateDistanceToIdealMatchesThePrecisionOfEachMode) {
   RandomCase rc(256, 256, 16, 4, 48);
   for (Activation act : kActivations)
@@ -517,9 +541,9 @@ TEST(ReferenceForward, EmulateDistanceToIdealMatchesThePrecisionOfEachMode) {
       const ReferenceProblem p = rc.problem(mode, act);
       const Comparison c = compare(reference_forward(p, Precision::Emulate), reference_forward(p, Precision::Ideal));
       const double predicted = mode == Mode::A16 ? 2.35e-3 : 4.6e-2;
-      EXPECT_GT(c.rel_l2, predicted / 2) << name(act) << " " << name(mode);
-      EXPECT_LT(c.rel_l2, predicted * 2) << name(act) << " " << name(mode);
-      EXPECT_GT(c.cosine, 1.0 - 0.5 * (2 * predicted) * (2 * predicted)) << name(act) << " " << name(mode);
+      EXPECT_GT(c.rel_l2, predicted * 0.8) << name(act) << " " << name(mode);
+      EXPECT_LT(c.rel_l2, predicted * 1.2) << name(act) << " " << name(mode);
+      EXPECT_GT(c.cosine, 1.0 - 0.5 * (1.2 * predicted) * (1.2 * predicted)) << name(act) << " " << name(mode);
       EXPECT_EQ(c.nonfinite_mismatch, 0);
       std::printf("  %-10s %-5s rel_l2 %.3e (predicted %.2e)  cosine %.7f\n", name(act),
                   name(mode), c.rel_l2, predicted, c.cosine);

@@ -12,6 +12,7 @@
 #include <set>
 #include <vector>
 
+#include "expect_error.h"
 #include "k3moe/error.h"
 #include "k3moe/reference.h"
 #include "reference_fixtures.h"
@@ -265,11 +266,17 @@ TEST(Routing, ZeroTokensAndBadInputs) {
   const Routing r = route_reference({}, std::vector<float>(8), 0, c);
   EXPECT_TRUE(r.ids.empty());
   EXPECT_TRUE(r.weights.empty());
-  EXPECT_THROW(route_reference(std::vector<float>(15), std::vector<float>(8), 2, c), Error);
-  EXPECT_THROW(route_reference(std::vector<float>(16), std::vector<float>(7), 2, c), Error);
-  EXPECT_THROW(route_reference(std::vector<float>(16), std::vector<float>(8), -1, c), Error);
-  EXPECT_THROW(route_reference(std::vector<float>(8), std::vector<float>(8), 1, router_config(8, 9)), Error);
-  EXPECT_THROW(route_reference(std::vector<float>(8), std::vector<float>(8), 1, router_config(8, 0)), Error);
+  // Each call breaks one rule and must get that rule's message.
+  using testing::expect_error;
+  const std::vector<float> bias(8);
+  expect_error([&] { route_reference(std::vector<float>(15), bias, 2, c); }, {"logits must be [2, 8]", "got 15"});
+  expect_error([&] { route_reference(std::vector<float>(16), std::vector<float>(7), 2, c); },
+               {"bias must be [8]", "got 7"});
+  expect_error([&] { route_reference({}, bias, -1, c); }, {"tokens must be >= 0", "got -1"});
+  expect_error([&] { route_reference(std::vector<float>(8), bias, 1, router_config(8, 9)); },
+               {"top_k must be in [1, num_experts = 8]", "got 9"});
+  expect_error([&] { route_reference(std::vector<float>(8), bias, 1, router_config(8, 0)); },
+               {"top_k must be in [1, num_experts = 8]", "got 0"});
 }
 
 TEST(CheckRoutingIds, AcceptsValidIdsAndEmptySlots) {
