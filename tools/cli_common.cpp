@@ -6,6 +6,16 @@
 
 namespace k3moe::cli {
 
+const CLI::Validator& non_negative_integer() {
+  static const CLI::Validator check(
+      [](std::string& text) -> std::string {
+        const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        return digits ? "" : "must be a non-negative integer, got " + text;
+      },
+      "INT>=0");
+  return check;
+}
+
 ProgressFn stderr_progress() {
   struct State {
     Stopwatch since_start;

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "k3moe/progress.h"
 
 namespace k3moe::cli {
@@ -12,6 +14,13 @@ namespace k3moe::cli {
 struct ExitCode {
   int code;
 };
+
+// The most tokens `run` and `reference` take (their float64 reference holds [T, H] values).
+inline constexpr int kMaxCliTokens = 1 << 20;
+
+// Checks that an option's value is a non-negative integer ("--seed: must be a non-negative
+// integer, got -1"), for options whose negative values would wrap or mean "the default".
+const CLI::Validator& non_negative_integer();
 
 // A ProgressFn that redraws one line on stderr ("stage  done/total  pct  elapsed") at most a few
 // times a second, and only once the work has run for more than a second.

@@ -297,8 +297,6 @@ std::string today() {
 }
 
 void bench(const Options& o) {
-  std::string why;
-  K3MOE_CHECK(hopper_gpu_available(&why), "bench needs a Hopper GPU: ", why);
   std::vector<Case> cases;
   for (const Case& c : suite(o.suite)) {
     if (!o.shape.empty() && c.shape != o.shape) continue;
@@ -312,6 +310,10 @@ void bench(const Options& o) {
         if ((o.mode.empty() || to_string(mode) == o.mode) &&
             std::none_of(cases.begin(), cases.end(), [&](const Case& c) { return c.tokens == t && c.mode == mode; }))
           cases.push_back({o.shape, t, mode});
+  K3MOE_CHECK(!cases.empty(), "bench: no case of --suite ", o.suite, " matches the --shape, --tokens and --mode given",
+              o.shape.empty() && !o.tokens.empty() ? " (--tokens outside the suite need --shape)" : "");
+  std::string why;
+  K3MOE_CHECK(hopper_gpu_available(&why), "bench needs a Hopper GPU: ", why);
 
   char bus_id[64] = {};
   K3MOE_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, 0));
@@ -424,10 +426,12 @@ void bench(const Options& o) {
 void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Benchmark the forward against the physical floor (PERF.md protocol)");
   auto o = std::make_shared<Options>();
-  cmd->add_option("--suite", o->suite, "decode | prefill | all")->capture_default_str();
-  cmd->add_option("--shape", o->shape, "local28 | ep32 | ep16");
+  cmd->add_option("--suite", o->suite, "decode | prefill | all")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"decode", "prefill", "all"}));
+  cmd->add_option("--shape", o->shape, "local28 | ep32 | ep16")->check(CLI::IsMember({"local28", "ep32", "ep16"}));
   cmd->add_option("--tokens", o->tokens, "Token counts (with --shape: also outside the suite)");
-  cmd->add_option("--mode", o->mode, "a16 | mxfp8");
+  cmd->add_option("--mode", o->mode, "a16 | mxfp8")->check(CLI::IsMember({"a16", "mxfp8"}));
   cmd->add_option("--json", o->json, "Write the rows, ceilings, device, commit and date as JSON");
   cmd->add_option("--commit", o->commit, "The commit being measured (recorded in the JSON)");
   cmd->add_flag("--no-baseline", o->no_baseline, "Skip the dequantize + cuBLASLt baseline");

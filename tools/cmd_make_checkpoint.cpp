@@ -92,7 +92,7 @@ void register_make_checkpoint(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("make-checkpoint",
                                      "Write a synthetic Kimi-K3-format MXFP4 checkpoint (full size unless --reduced)");
   cmd->add_option("dir", o->dir, "Output directory (created)")->required();
-  cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str()->check(non_negative_integer());
   cmd->add_option("--layers", o->layers, "MoE layers to write, e.g. 1,2 (default: the first MoE layer)")
       ->delimiter(',');
   cmd->add_option("--shards", o->shards, "Number of shards; each holds a contiguous range of experts")

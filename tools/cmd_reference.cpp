@@ -175,13 +175,18 @@ void register_reference(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "reference", "Run the float64 reference (Ideal and Emulate) on random tokens; write a safetensors file");
   cmd->add_option("--checkpoint", o->checkpoint, "Checkpoint directory")->required();
-  cmd->add_option("--layer", o->layer, "MoE layer (default: the first one in the checkpoint)");
-  cmd->add_option("--tokens", o->tokens, "Number of tokens")->capture_default_str();
+  cmd->add_option("--layer", o->layer, "MoE layer (default: the first one in the checkpoint)")
+      ->check(non_negative_integer());
+  cmd->add_option("--tokens", o->tokens, "Number of tokens")
+      ->capture_default_str()
+      ->check(CLI::Range(0, kMaxCliTokens));
   cmd->add_option("--mode", o->mode, "Precision mode of Emulate: a16 | mxfp8")->capture_default_str();
   cmd->add_option("--activation", o->activation, "situ | swiglu | swiglu_oai (default: the checkpoint's)");
   cmd->add_option("--ep-size", o->ep_size, "Expert-parallel size")->capture_default_str();
   cmd->add_option("--ep-rank", o->ep_rank, "Expert-parallel rank")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Random seed of x and the router input")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Random seed of x and the router input")
+      ->capture_default_str()
+      ->check(non_negative_integer());
   cmd->add_option("--out", o->out, "Output .safetensors file")->required();
   cmd->callback([o] { run(*o); });
 }

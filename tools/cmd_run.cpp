@@ -218,16 +218,18 @@ void register_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run one MoE layer's routed experts (default: synthetic full-size Kimi-K3)");
   auto o = std::make_shared<RunOptions>();
   cmd->add_option("--checkpoint", o->checkpoint, "A K3-format checkpoint directory (default: synthetic, on the fly)");
-  cmd->add_option("--layer", o->layer, "MoE layer (default: the first)");
+  cmd->add_option("--layer", o->layer, "MoE layer (default: the first)")->check(non_negative_integer());
   cmd->add_option("--ep-size", o->ep_size, "Expert-parallel size")->capture_default_str();
   cmd->add_option("--ep-rank", o->ep_rank, "Expert-parallel rank")->capture_default_str();
-  cmd->add_option("--tokens", o->tokens, "Tokens to route")->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--tokens", o->tokens, "Tokens to route")->capture_default_str()->check(CLI::Range(0, kMaxCliTokens));
   cmd->add_option("--mode", o->mode, "a16 | mxfp8")->capture_default_str();
   cmd->add_option("--activation", o->activation, "situ | swiglu | swiglu_oai (default: the config's)");
   cmd->add_option("--backend", o->backend, "auto | gpu | cpu")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "gpu", "cpu"}));
-  cmd->add_option("--seed", o->seed, "Seed of the synthetic layer and the tokens")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the synthetic layer and the tokens")
+      ->capture_default_str()
+      ->check(non_negative_integer());
   cmd->callback([o] { run(*o); });
 }
 

@@ -64,8 +64,10 @@ class CheckpointHolder : public torch::CustomClassHolder {
   // The rank's experts in the checkpoint layout: w13_packed [L, 2I, H/2], w13_scale [L, 2I, H/32],
   // w2_packed [L, H, I/2], w2_scale [L, H, I/32] (W13 = [W1; W3]).
   std::vector<at::Tensor> load_experts(int64_t layer, int64_t ep_size, int64_t ep_rank) const {
-    return translate_errors("k3moe.Checkpoint.load_experts", [&] {
-      RankExperts e = checkpoint_.load_experts(int(layer), ExpertParallel{int(ep_size), int(ep_rank)});
+    constexpr const char* op = "k3moe.Checkpoint.load_experts";
+    const ExpertParallel ep{to_int(op, "ep_size", ep_size), to_int(op, "ep_rank", ep_rank)};
+    return translate_errors(op, [&] {
+      RankExperts e = checkpoint_.load_experts(to_int(op, "layer", layer), ep);
       const int64_t L = e.num_local, H = e.config.hidden, I = e.config.intermediate;
       return std::vector<at::Tensor>{adopt(std::move(e.w13_packed), {L, 2 * I, H / 2}),
                                      adopt(std::move(e.w13_scale), {L, 2 * I, H / 32}),
@@ -77,9 +79,10 @@ class CheckpointHolder : public torch::CustomClassHolder {
   // The same experts already in the kernel layout (what k3moe.prepare_experts returns), reordered
   // on the host without an intermediate copy.
   std::vector<at::Tensor> load_kernel_layout(int64_t layer, int64_t ep_size, int64_t ep_rank) const {
-    return translate_errors("k3moe.Checkpoint.load_kernel_layout", [&] {
-      const ExpertParallel ep{int(ep_size), int(ep_rank)};
-      KernelLayout k = to_kernel_layout(checkpoint_.load_experts(int(layer), ep));
+    constexpr const char* op = "k3moe.Checkpoint.load_kernel_layout";
+    const ExpertParallel ep{to_int(op, "ep_size", ep_size), to_int(op, "ep_rank", ep_rank)};
+    return translate_errors(op, [&] {
+      KernelLayout k = to_kernel_layout(checkpoint_.load_experts(to_int(op, "layer", layer), ep));
       const KernelLayoutSizes s = kernel_layout_sizes(checkpoint_.config(), ep);
       const int64_t L = ep.num_local(checkpoint_.config().num_experts);
       return std::vector<at::Tensor>{adopt(std::move(k.w13_codes), {L, s.w13_codes / L}),
@@ -91,8 +94,9 @@ class CheckpointHolder : public torch::CustomClassHolder {
 
   // The layer's router, widened to fp32: gate weight [E, model_hidden], correction bias [E].
   std::vector<at::Tensor> load_router(int64_t layer) const {
-    return translate_errors("k3moe.Checkpoint.load_router", [&] {
-      Router r = checkpoint_.load_router(int(layer));
+    constexpr const char* op = "k3moe.Checkpoint.load_router";
+    return translate_errors(op, [&] {
+      Router r = checkpoint_.load_router(to_int(op, "layer", layer));
       const int64_t E = r.num_experts, D = r.model_hidden;
       return std::vector<at::Tensor>{adopt(std::move(r.weight), {E, D}), adopt(std::move(r.bias), {E})};
     });

@@ -31,12 +31,6 @@
 namespace k3moe::torch_binding {
 namespace {
 
-int to_int(const char* op, const char* name, int64_t value) {
-  TORCH_CHECK(value >= std::numeric_limits<int>::min() && value <= std::numeric_limits<int>::max(), op, ": ", name,
-              " is out of range: ", value);
-  return static_cast<int>(value);
-}
-
 cudaStream_t current_stream(c10::Device device) {
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
 }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@ at::Tensor adopt(std::vector<T>&& values, at::IntArrayRef shape) {
   auto* owned = new std::vector<T>(std::move(values));
   return at::from_blob(
       owned->data(), shape, [owned](void*) { delete owned; }, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
+}
+
+// A Python int argument as the library's int, or c10::Error naming the op and the argument.
+inline int to_int(const char* op, const char* name, int64_t value) {
+  TORCH_CHECK(value >= std::numeric_limits<int>::min() && value <= std::numeric_limits<int>::max(), op, ": ", name,
+              " is out of range: ", value);
+  return static_cast<int>(value);
 }
 
 // "[7, 512] bfloat16 on cuda:0"

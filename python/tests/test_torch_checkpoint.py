@@ -63,6 +63,19 @@ def test_loader_reads_what_was_written(checkpoint):
     assert torch.equal(weight, gate.float()) and torch.equal(loaded_bias, bias)
 
 
+@pytest.mark.parametrize("method,args,name", [
+    ("load_experts", (LAYER + 2 ** 32, 1, 0), "layer"),
+    ("load_experts", (LAYER, 1 + 2 ** 32, 0), "ep_size"),
+    ("load_kernel_layout", (LAYER, 2, 2 ** 32), "ep_rank"),
+    ("load_router", (LAYER + 2 ** 32,), "layer"),
+])
+def test_int_arguments_past_int32_are_errors_not_wrapped(checkpoint, method, args, name):
+    """2^32 + 1 must not wrap to 1 (a silently different layer or EP size)."""
+    ckpt = torch.classes.k3moe.Checkpoint(str(checkpoint[0]))
+    with pytest.raises(RuntimeError, match=f"{method}: {name} is out of range"):
+        getattr(ckpt, method)(*args)
+
+
 def test_kernel_layout_equals_prepare(checkpoint):
     directory, raw, _, _ = checkpoint
     ckpt = torch.classes.k3moe.Checkpoint(str(directory))

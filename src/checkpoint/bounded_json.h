@@ -5,35 +5,62 @@
 // message. The files read here nest a few levels, so deeper input is rejected while parsing.
 #pragma once
 
-#include <functional>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "k3moe/error.h"
+
 namespace k3moe::detail {
 
-// Called for every object key at nesting depth 1 (the top-level object's keys).
-using TopKeyFn = std::function<void(const std::string& key)>;
+// The text of a JSON file (config.json, the index). Anything but a regular file is an error, not a
+// read that could block (a FIFO) or never end (a device).
+inline std::string read_json_file(const std::filesystem::path& path) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  K3MOE_CHECK(!error, path.string(), ": cannot open: ", error.message());
+  K3MOE_CHECK(std::filesystem::is_regular_file(status), path.string(), ": not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  K3MOE_CHECK(in.good(), path.string(), ": cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  K3MOE_CHECK(!in.bad(), path.string(), ": read error");
+  return text.str();
+}
 
-// The parsed value, or a discarded value with `why` set (invalid JSON, or nested deeper than
-// max_depth).
-inline nlohmann::json parse_bounded_json(std::string_view text, int max_depth, std::string& why,
-                                         const TopKeyFn& on_top_key = {}) {
-  struct TooDeep {};
+// The parsed value, or a discarded value with `why` set: invalid JSON, nested deeper than
+// max_depth, a key twice in one object (readers would disagree on which value holds), or a NUL
+// byte (the parser would take it for the end of the text and ignore what follows).
+inline nlohmann::json parse_bounded_json(std::string_view text, int max_depth, std::string& why) {
+  struct Rejected {
+    std::string why;
+  };
   using json = nlohmann::json;
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    why = "a NUL byte at offset " + std::to_string(nul);
+    return json(json::value_t::discarded);
+  }
+  std::vector<std::set<std::string, std::less<>>> keys;  // one set per object being parsed
   const json::parser_callback_t callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > max_depth) throw TooDeep{};
-    if (on_top_key && event == json::parse_event_t::key && depth == 1 && parsed.is_string())
-      on_top_key(parsed.get_ref<const std::string&>());
+    if (depth > max_depth) throw Rejected{"nested deeper than " + std::to_string(max_depth) + " levels"};
+    if (event == json::parse_event_t::object_start) keys.emplace_back();
+    if (event == json::parse_event_t::object_end) keys.pop_back();
+    if (event == json::parse_event_t::key && !keys.back().insert(parsed.get_ref<const std::string&>()).second)
+      throw Rejected{"key '" + parsed.get<std::string>() + "' appears twice in one object"};
     return true;
   };
   try {
     return json::parse(text.begin(), text.end(), callback);
   } catch (const json::exception& e) {
     why = e.what();
-  } catch (const TooDeep&) {
-    why = "nested deeper than " + std::to_string(max_depth) + " levels";
+  } catch (const Rejected& e) {
+    why = e.why;
   }
   return json(json::value_t::discarded);
 }

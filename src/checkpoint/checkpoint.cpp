@@ -61,14 +61,6 @@ std::optional<ExpertName> parse_expert_name(std::string_view name) {
   return std::nullopt;
 }
 
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  K3MOE_CHECK(in.good(), path.string(), ": cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -189,7 +181,7 @@ struct Checkpoint::Impl {
 void Checkpoint::Impl::read_index(const std::filesystem::path& path) {
   index_label = path.string();
   std::string why;
-  const json index = detail::parse_bounded_json(read_text(path), kMaxJsonDepth, why);
+  const json index = detail::parse_bounded_json(detail::read_json_file(path), kMaxJsonDepth, why);
   K3MOE_CHECK(!index.is_discarded(), index_label, ": not valid JSON: ", why);
   K3MOE_CHECK(index.is_object(), index_label, ": must hold a JSON object, got ", index.type_name());
   const auto map = index.find("weight_map");
@@ -282,6 +274,12 @@ RankExperts Checkpoint::load_experts(int layer, ExpertParallel ep, const Progres
   ep.validate(c.num_experts);
   K3MOE_CHECK(std::binary_search(impl_->layers.begin(), impl_->layers.end(), layer), impl_->index_label,
               ": layer ", layer, " has no expert tensors (layers with experts: ", layer_list(impl_->layers), ")");
+  // Every tensor's name, dtype and shape first (header lookups), then the buffers: a checkpoint
+  // that does not hold what config.json says fails before gigabytes are allocated.
+  const int first = ep.first_expert(c.num_experts);
+  for (int expert = first; expert < first + ep.num_local(c.num_experts); ++expert)
+    for (const ExpertPart& p : kExpertParts)
+      impl_->locate_checked(expert_tensor_name(layer, expert, p.which, p.part), {Dtype::U8}, expected_shape(c, p));
   RankExperts r = RankExperts::allocate(c, layer, ep);
   const int64_t i_rows = c.intermediate, h_rows = c.hidden;
   const int64_t w13_packed = r.w13_row_bytes(), w13_scale = c.hidden / 32;
@@ -381,11 +379,10 @@ std::vector<std::string> Checkpoint::validate(std::optional<int> layer) const {
   std::set<std::string> seen;
   size_t omitted = 0;
   auto add = [&](std::string line) {
-    if (!seen.insert(line).second) return;
-    if (problems.size() < kMaxProblems) {
+    if (problems.size() == kMaxProblems) {
+      ++omitted;  // counted, not kept
+    } else if (seen.insert(line).second) {
       problems.push_back(std::move(line));
-    } else {
-      ++omitted;
     }
   };
   // A shard that cannot be opened is one problem, not one per tensor in it.
@@ -421,10 +418,16 @@ std::vector<std::string> Checkpoint::validate(std::optional<int> layer) const {
       add(impl_->index_label + ": layer " + std::to_string(l) + " has expert tensors, but config.json makes " +
           "it a dense layer (num_hidden_layers " + std::to_string(c.num_layers) + ", first_k_dense_replace " +
           std::to_string(c.first_k_dense_replace) + ", moe_layer_freq " + std::to_string(c.moe_layer_freq) + ")");
-    if (auto it = impl_->max_expert.find(l); it != impl_->max_expert.end() && it->second >= c.num_experts)
-      add(impl_->index_label + ": layer " + std::to_string(l) + " names expert " + std::to_string(it->second) +
+    const int named = impl_->max_expert.at(l) + 1;  // every layer listed names an expert
+    if (named > c.num_experts)
+      add(impl_->index_label + ": layer " + std::to_string(l) + " names expert " + std::to_string(named - 1) +
           ", but num_experts is " + std::to_string(c.num_experts));
-    for (int expert = 0; expert < c.num_experts; ++expert)
+    // Experts past the last one the index names are one problem, not six per expert.
+    if (named < c.num_experts)
+      add(impl_->index_label + ": layer " + std::to_string(l) + " names experts up to " + std::to_string(named - 1) +
+          ", but num_experts is " + std::to_string(c.num_experts) + ": experts " + std::to_string(named) + ".." +
+          std::to_string(c.num_experts - 1) + " have no tensors");
+    for (int expert = 0; expert < std::min(named, c.num_experts); ++expert)
       for (const ExpertPart& p : kExpertParts)
         check(expert_tensor_name(l, expert, p.which, p.part), {Dtype::U8}, expected_shape(c, p));
     check(impl_->router_name(l, "weight"), {Dtype::BF16, Dtype::F32}, {c.num_experts, c.model_hidden});

@@ -246,12 +246,7 @@ MoeConfig MoeConfig::from_json(std::string_view text, const std::string& source)
 }
 
 MoeConfig MoeConfig::from_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  K3MOE_CHECK(in.good(), path.string(), ": cannot open the config file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  K3MOE_CHECK(!in.bad(), path.string(), ": read error");
-  return from_json(text.str(), path.string());
+  return from_json(detail::read_json_file(path), path.string());
 }
 
 std::string MoeConfig::to_json() const {
@@ -302,6 +297,7 @@ void MoeConfig::validate() const {
   K3MOE_CHECK(intermediate % 64 == 0, "moe_intermediate_size (I) must be a multiple of 64 (the GPU kernels "
               "step K and N in 64-wide tiles), got ", intermediate);
   K3MOE_CHECK(num_experts >= 1, "num_experts (E) must be >= 1, got ", num_experts);
+  check_layer_bytes();
   K3MOE_CHECK(top_k >= 1 && top_k <= num_experts, "num_experts_per_token (K) must be in [1, num_experts = ",
               num_experts, "], got ", top_k);
   K3MOE_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0.0f,
@@ -321,6 +317,15 @@ void MoeConfig::validate() const {
               ") so that some layer is MoE, got ", first_k_dense_replace);
   K3MOE_CHECK(first_moe_layer() >= 0, "no MoE layer: num_hidden_layers = ", num_layers,
               ", first_k_dense_replace = ", first_k_dense_replace, ", moe_layer_freq = ", moe_layer_freq);
+}
+
+void MoeConfig::check_layer_bytes() const {
+  // In double: the products below overflow int64 for H and I near 2^31.
+  const double h = hidden, i = intermediate;
+  const double layer_bytes = double(num_experts) * (2 * i * (h / 2 + h / kMxGroup) + h * (i / 2 + i / kMxGroup));
+  K3MOE_CHECK(layer_bytes <= double(kMaxLayerBytes), "one layer's experts (num_experts ", num_experts,
+              " x the MXFP4 bytes of H ", hidden, ", I ", intermediate, ": ", layer_bytes,
+              " bytes) must fit in 2^53 bytes");
 }
 
 // HF's DeepSeek-V3 rule: layer >= first_k_dense_replace and layer % moe_layer_freq == 0.

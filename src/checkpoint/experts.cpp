@@ -43,6 +43,7 @@ void check_layout(const MoeConfig& c) {
   K3MOE_CHECK(c.intermediate > 0 && c.intermediate % 32 == 0,
               "RankExperts: intermediate (I) must be a positive multiple of 32, got ", c.intermediate);
   K3MOE_CHECK(c.num_experts >= 1, "RankExperts: num_experts must be >= 1, got ", c.num_experts);
+  c.check_layer_bytes();
 }
 
 }  // namespace

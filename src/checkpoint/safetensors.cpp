@@ -156,16 +156,11 @@ void SafetensorsFile::Impl::parse_header() {
   data_offset = 8 + n;
   data_size = size - data_offset;
 
-  // Duplicate top-level keys would silently shadow each other in the parsed object.
-  std::string duplicate, why;
-  std::set<std::string, std::less<>> seen;
-  const json header = detail::parse_bounded_json(
-      {reinterpret_cast<const char*>(base) + 8, size_t(n)}, kMaxHeaderDepth, why, [&](const std::string& key) {
-        if (!seen.insert(key).second && duplicate.empty()) duplicate = key;
-      });
+  std::string why;
+  const json header = detail::parse_bounded_json({reinterpret_cast<const char*>(base) + 8, size_t(n)},
+                                                 kMaxHeaderDepth, why);
   K3MOE_CHECK(!header.is_discarded(), label, ": header is not valid JSON: ", why);
   K3MOE_CHECK(header.is_object(), label, ": header must be a JSON object, got ", header.type_name());
-  K3MOE_CHECK(duplicate.empty(), label, ": header names tensor '", duplicate, "' twice");
 
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
@@ -252,7 +247,8 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->label = path.string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   K3MOE_CHECK(fd >= 0, impl->label, ": cannot open: ", std::strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -3,6 +3,7 @@
 // activation, fused or as its own stage when K is split) -> GEMM2 -> combine.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -170,7 +171,8 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
 
   // ---- host-side checks of every tensor, before anything is enqueued
   K3MOE_CHECK(args.x != nullptr, "x must be given");
-  K3MOE_CHECK(args.x->ndim == 2, "x must be [T, ", c.hidden, "], got ", describe_tensor(*args.x));
+  K3MOE_CHECK(args.x->ndim == 2 && args.x->shape != nullptr, "x must be [T, ", c.hidden, "], got ",
+              describe_tensor(*args.x));
   const int64_t T = args.x->shape[0], H = c.hidden, K = c.top_k, E = c.num_experts;
   K3MOE_CHECK(workspace != nullptr || T <= o.max_tokens, "x has ", T, " tokens, the plan was created for at most ",
               o.max_tokens, " (pass a workspace of workspace_bytes(", T, ") bytes for more)");
@@ -286,8 +288,10 @@ void MoePlan::route(const DLTensor& logits, const DLTensor& bias, DLTensor& ids,
                     cudaStream_t stream) const {
   const PlanOptions& o = impl_->options;
   const MoeConfig& c = o.config;
-  K3MOE_CHECK(logits.ndim == 2, "router_logits must be [T, ", c.num_experts, "], got ", describe_tensor(logits));
+  K3MOE_CHECK(logits.ndim == 2 && logits.shape != nullptr, "router_logits must be [T, ", c.num_experts, "], got ",
+              describe_tensor(logits));
   const int64_t T = logits.shape[0];
+  K3MOE_CHECK(T <= std::numeric_limits<int>::max(), "router_logits has ", T, " rows, at most 2^31 - 1");
   check_tensor(&logits, "router_logits", kF32, {T, c.num_experts}, o.device);
   check_tensor(&bias, "router_bias", kF32, {c.num_experts}, o.device);
   check_tensor(&ids, "topk_ids", kI32, {T, c.top_k}, o.device);
@@ -302,8 +306,9 @@ void MoePlan::route(const DLTensor& logits, const DLTensor& bias, DLTensor& ids,
 void MoePlan::quantize_mxfp8(const DLTensor& x, DLTensor& codes, DLTensor& scales, cudaStream_t stream) const {
   const PlanOptions& o = impl_->options;
   const int64_t H = o.config.hidden;
-  K3MOE_CHECK(x.ndim == 2, "x must be [T, ", H, "], got ", describe_tensor(x));
+  K3MOE_CHECK(x.ndim == 2 && x.shape != nullptr, "x must be [T, ", H, "], got ", describe_tensor(x));
   const int64_t T = x.shape[0];
+  K3MOE_CHECK(T <= std::numeric_limits<int>::max(), "x has ", T, " rows, at most 2^31 - 1");
   check_tensor(&x, "x", kBf16, {T, H}, o.device);
   check_tensor(&codes, "codes", kU8, {T, H}, o.device);
   check_tensor(&scales, "scales", kI32, {T, H / 128}, o.device);

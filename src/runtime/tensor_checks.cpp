@@ -59,6 +59,8 @@ bool is_contiguous(const DLTensor& t) {
 }  // namespace
 
 std::string describe_tensor(const DLTensor& t) {
+  if (t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr))
+    return "a tensor of ndim " + std::to_string(t.ndim) + (t.shape ? "" : " without a shape");
   std::vector<int64_t> shape(t.shape, t.shape + t.ndim);
   return shape_string(shape) + " " + dtype_name(t.dtype) + " on " + device_name(t.device);
 }
@@ -72,11 +74,12 @@ void check_tensor(const DLTensor* t, const char* name, DLDataType dtype, std::in
     return out.str();
   };
   if (t == nullptr) K3MOE_FAIL(name, " must be ", want(), ", got no tensor");
-  bool ok = t->ndim == int(shape.size()) && same_dtype(t->dtype, dtype) && t->device.device_type == kDLCUDA &&
-            t->device.device_id == device;
+  bool ok = t->ndim == int(shape.size()) && (t->ndim == 0 || t->shape != nullptr) && same_dtype(t->dtype, dtype) &&
+            t->device.device_type == kDLCUDA && t->device.device_id == device;
   if (ok) {
     int d = 0;
-    for (int64_t extent : shape) ok = ok && t->shape[d++] == extent;
+    // An expected extent taken from another tensor (T) may be negative: never a match.
+    for (int64_t extent : shape) ok = ok && extent >= 0 && t->shape[d++] == extent;
   }
   if (!ok) K3MOE_FAIL(name, " must be ", want(), ", got ", describe_tensor(*t));
   if (!is_contiguous(*t)) K3MOE_FAIL(name, " must be contiguous (row-major), got ", describe_tensor(*t), " with other strides");

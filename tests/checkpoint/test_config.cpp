@@ -1,6 +1,8 @@
 // config.json parsing and the MoE config's invariants.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_test_util.h"
@@ -166,6 +168,9 @@ TEST(Config, InconsistentFieldsAreNamed) {
       {"moe_layer_freq", 0, "moe_layer_freq"},
       {"routed_scaling_factor", 0.0, "routed_scaling_factor"},
       {"activation_situ_beta", -4.0, "activation_situ_beta"},
+      // 896 experts of H 3584, I 2^31 - 64: ~2.2e19 bytes, past int64 (no buffer size may wrap).
+      {"moe_intermediate_size", 2147483584, "must fit in 2^53 bytes"},
+      {"num_experts", 1 << 30, "must fit in 2^53 bytes"},
   };
   for (const Case& c : cases) {
     json j = k3_text_config();
@@ -196,7 +201,14 @@ TEST(Config, NotJsonOrNotAnObject) {
   expect_error([] { MoeConfig::from_json("{\"hidden_size\": ", "a/config.json"); }, {"a/config.json", "JSON"});
   expect_error([] { MoeConfig::from_json("[1, 2]", "a/config.json"); }, {"a/config.json", "object"});
   expect_error([] { MoeConfig::from_json("{\"text_config\": 3}", "a/config.json"); }, {"a/config.json", "text_config"});
+  const std::string twice = R"({"text_config": {"num_experts": 896, "num_experts": 8}})";
+  expect_error([&] { MoeConfig::from_json(twice, "a/config.json"); }, {"a/config.json", "'num_experts' appears twice"});
   expect_error([] { MoeConfig::from_file("/nonexistent/k3moe/config.json"); }, {"/nonexistent/k3moe/config.json"});
+  // A FIFO must be refused at once, not block the read until a writer comes.
+  const testing::TempDir dir("config-fifo");
+  const auto fifo = dir.path() / "config.json";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  expect_error([&] { MoeConfig::from_file(fifo); }, {"config.json", "not a regular file"});
 }
 
 TEST(Config, DeepNestingIsAnErrorNotACrash) {

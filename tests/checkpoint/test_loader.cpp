@@ -221,6 +221,27 @@ TEST_F(Loader, ValidateFlagsTheFirstExpertPastNumExperts) {
   EXPECT_EQ(named, 2) << "layers 1 and 2";
 }
 
+TEST_F(Loader, MoreExpertsInTheConfigThanInTheFilesFailBeforeAnyAllocation) {
+  TempDir copy("validate-more");
+  fs::copy(dir(), copy.path(), fs::copy_options::recursive);
+  // 2^22 experts of this shape would need ~0.5 TB: the loader must name the first missing tensor
+  // instead of allocating, and validate must say it in one line per layer, not six per expert.
+  testing::edit_json_file(copy.path() / "config.json",
+                          [](nlohmann::json& j) { j["text_config"]["num_experts"] = 1 << 22; });
+  const Checkpoint ckpt = Checkpoint::open(copy.path());
+  expect_error([&] { ckpt.load_experts(1, {1, 0}); }, {"layers.1.mlp.experts.32.w1.weight_packed", "not in"});
+  const auto problems = ckpt.validate();
+  for (int layer : {1, 2}) {
+    const std::string line = "layer " + std::to_string(layer) + " names experts up to 31, but num_experts is " +
+                             std::to_string(1 << 22) + ": experts 32.." + std::to_string((1 << 22) - 1) +
+                             " have no tensors";
+    EXPECT_TRUE(std::any_of(problems.begin(), problems.end(),
+                            [&](const std::string& p) { return p.find(line) != std::string::npos; }))
+        << line;
+  }
+  EXPECT_LE(problems.size(), 6u) << "per layer: the missing experts and the two router tensors' shapes";
+}
+
 TEST_F(Loader, ValidateListsAHundredProblemsThenCountsTheRest) {
   TempDir copy("validate-many");
   fs::copy(dir(), copy.path(), fs::copy_options::recursive);

@@ -2,6 +2,8 @@
 // header parser (every mutated file either parses into in-bounds tensors or throws k3moe::Error).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <random>
@@ -155,6 +157,10 @@ TEST(Safetensors, ReaderLookupsAndCopies) {
   expect_error([&] { f.copy_to(foreign, large); }, {"r.safetensors", "bias", "data section"});
   expect_error([&] { SafetensorsFile::open(dir.path() / "missing.safetensors"); }, {"missing.safetensors"});
   expect_error([&] { SafetensorsFile::open(dir.path()); }, {"not a regular file"});
+  // A FIFO must be refused at once, not block the open until a writer comes.
+  const auto fifo = dir.path() / "fifo.safetensors";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  expect_error([&] { SafetensorsFile::open(fifo); }, {"fifo.safetensors", "not a regular file"});
 }
 
 TEST(Safetensors, DtypeNames) {
@@ -233,6 +239,12 @@ TEST(Safetensors, RejectsMalformedHeaders) {
       {"duplicate name", image(R"({"t":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},)"
                                R"("t":{"dtype":"U8","shape":[8],"data_offsets":[8,16]}})"),
        {"'t'", "twice"}},
+      {"duplicate field in an entry", image(R"({"t":{"dtype":"U8","dtype":"I8","shape":[8],"data_offsets":[0,8]}})"),
+       {"'dtype'", "twice"}},
+      {"duplicate metadata key", image(R"({"__metadata__":{"format":"pt","format":"np"}})"), {"'format'", "twice"}},
+      {"NUL hides the rest", image(std::string(R"({"t":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}})") + '\0' +
+                                   R"(,"u":{"dtype":"U8","shape":[8],"data_offsets":[8,16]}})"),
+       {"f.st", "NUL byte at offset 53"}},
       {"metadata not strings", image(R"({"__metadata__":{"format":1}})"), {"__metadata__", "format"}},
       {"metadata not an object", image(R"({"__metadata__":"pt"})"), {"__metadata__"}},
   };

@@ -20,3 +20,20 @@ def test_sustain_ms_outside_its_range_names_the_option_the_value_and_the_range(v
     result = bench("--sustain-ms", value)
     assert result.returncode != 0
     assert "--sustain-ms" in result.stderr and value in result.stderr and "600000" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("option,value,choices", [
+    ("--suite", "decoder", "{decode,prefill,all}"),
+    ("--shape", "ep8", "{local28,ep32,ep16}"),
+    ("--mode", "fp4", "{a16,mxfp8}"),
+])
+def test_an_unknown_name_fails_naming_the_choices(option, value, choices):
+    result = bench(option, value)
+    assert result.returncode != 0
+    assert option in result.stderr and value in result.stderr and choices in result.stderr, result.stderr
+
+
+def test_no_case_selected_is_an_error_not_an_empty_table():
+    result = bench("--suite", "decode", "--tokens", "3")
+    assert result.returncode != 0
+    assert "no case of --suite decode" in result.stderr and "need --shape" in result.stderr, result.stderr
