@@ -13,6 +13,7 @@
 // (ids outside the rank contribute nothing, so the EP ranks' Ideal outputs sum to the EP1 one).
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <numbers>
@@ -72,7 +73,12 @@ std::span<const uint8_t> as_bytes_of(const std::vector<T>& v) {
 }
 
 void run(const ReferenceOptions& o) {
-  K3MOE_CHECK(o.tokens >= 0, "--tokens must be >= 0, got ", o.tokens);
+  // Where the result goes is checked before minutes of loading and computing.
+  const std::filesystem::path out(o.out);
+  const std::filesystem::path out_dir = out.has_parent_path() ? out.parent_path() : ".";
+  K3MOE_CHECK(std::filesystem::is_directory(out_dir), "--out ", o.out, ": the directory ", out_dir.string(),
+              " does not exist");
+  K3MOE_CHECK(!std::filesystem::is_directory(out), "--out ", o.out, " is a directory, not a file to write");
   const Checkpoint ckpt = Checkpoint::open(o.checkpoint);
   const MoeConfig& config = ckpt.config();
   const std::vector<int> layers = ckpt.moe_layers();

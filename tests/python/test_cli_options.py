@@ -66,3 +66,14 @@ def test_reference_tokens_beyond_the_cli_limit_are_refused_before_loading():
     result = k3moe("reference", "--checkpoint", "unused", "--out", "unused", "--tokens", "2000000000")
     assert result.returncode != 0
     assert "--tokens" in result.stderr and "2000000000" in result.stderr and "1048576" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("out,message", [
+    ("no/such/dir/r.safetensors", "the directory no/such/dir does not exist"),
+    (".", "is a directory, not a file to write"),
+])
+def test_reference_checks_where_its_output_goes_before_loading(out, message, tmp_path):
+    result = subprocess.run([crosscheck_env.program("K3MOE_BIN"), "reference", "--checkpoint", "unused", "--out", out],
+                            capture_output=True, text=True, timeout=SECONDS_BEFORE_ANY_WEIGHT_LOADS, cwd=tmp_path)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
