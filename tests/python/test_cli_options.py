@@ -1,6 +1,7 @@
-"""The option checks of `k3moe run`, `reference` and `make-checkpoint`: a bad value, or a backend
-that cannot run here, fails at once with a message naming the option, before minutes of loading a
-full-size layer, and before a negative value could wrap or stand for the default.
+"""The option checks of the `k3moe` command: a bad value, or a backend that cannot run here, fails
+at once with a message naming the option, before a GPU is looked for or minutes go into loading a
+full-size layer, and before a negative value could wrap or stand for the default. These run on any
+machine, with or without a GPU.
 
 The k3moe binary comes from the environment variable K3MOE_BIN (ctest sets it).
 """
@@ -14,30 +15,29 @@ import crosscheck_env
 SECONDS_BEFORE_ANY_WEIGHT_LOADS = 30
 
 
-def k3moe(*args):
+def k3moe(*args, cwd=None):
     return subprocess.run([crosscheck_env.program("K3MOE_BIN"), *args], capture_output=True, text=True,
-                          timeout=SECONDS_BEFORE_ANY_WEIGHT_LOADS)
+                          timeout=SECONDS_BEFORE_ANY_WEIGHT_LOADS, cwd=cwd)
 
 
-def run(*args):
-    return k3moe("run", "--tokens", "1", *args)
-
-
-@pytest.mark.parametrize("option,value,expected", [
-    ("--backend", "bogus", "{auto,gpu,cpu}"),
-    ("--mode", "fp4", '"a16" or "mxfp8"'),
-    ("--activation", "relu", '"situ", "swiglu" or "swiglu_oai"'),
-])
-def test_a_bad_value_fails_before_loading_and_names_the_choices(option, value, expected):
-    result = run(option, value)
+@pytest.mark.parametrize("command,expected", [
+    (["run", "--tokens", "1", "--backend", "bogus"], "{auto,gpu,cpu}"),
+    (["run", "--tokens", "1", "--mode", "fp4"], '"a16" or "mxfp8"'),
+    (["run", "--tokens", "1", "--activation", "relu"], '"situ", "swiglu" or "swiglu_oai"'),
+    (["bench", "--suite", "decoder"], "{decode,prefill,all}"),
+    (["bench", "--shape", "ep8"], "{local28,ep32,ep16}"),
+    (["bench", "--mode", "fp4"], "{a16,mxfp8}"),
+], ids=lambda c: " ".join(c[:1] + c[-2:]) if isinstance(c, list) else None)
+def test_an_unknown_name_fails_at_once_naming_the_choices(command, expected):
+    result = k3moe(*command)
     assert result.returncode != 0
-    assert value in result.stderr and expected in result.stderr, result.stderr
+    assert command[-1] in result.stderr and expected in result.stderr, result.stderr
     assert "local experts" not in result.stdout, "the weights were loaded before the option was checked"
 
 
 def test_backend_gpu_without_a_usable_gpu_fails_before_loading():
     try:
-        result = run("--backend", "gpu")
+        result = k3moe("run", "--tokens", "1", "--backend", "gpu")
     except subprocess.TimeoutExpired:
         pytest.skip("a Hopper GPU is here: run --backend gpu is loading the layer")
     if result.returncode == 0:
@@ -55,17 +55,28 @@ def test_backend_gpu_without_a_usable_gpu_fails_before_loading():
     ["make-checkpoint", "unused", "--seed", "-2"],
 ], ids=lambda c: " ".join(c[:1] + c[-2:]))
 def test_a_negative_layer_or_seed_is_an_error_not_the_default_or_a_wrapped_value(command, tmp_path):
-    result = subprocess.run([crosscheck_env.program("K3MOE_BIN"), *command], capture_output=True, text=True,
-                            timeout=SECONDS_BEFORE_ANY_WEIGHT_LOADS, cwd=tmp_path)
+    result = k3moe(*command, cwd=tmp_path)
     assert result.returncode != 0
     assert f"{command[-2]}: must be a non-negative integer, got {command[-1]}" in result.stderr, result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
-def test_reference_tokens_beyond_the_cli_limit_are_refused_before_loading():
-    result = k3moe("reference", "--checkpoint", "unused", "--out", "unused", "--tokens", "2000000000")
+@pytest.mark.parametrize("command,expected", [
+    (["bench", "--sustain-ms", "-5"], "600000"),
+    (["bench", "--sustain-ms", "abc"], "600000"),
+    (["bench", "--sustain-ms", "700000"], "600000"),
+    (["reference", "--checkpoint", "unused", "--out", "unused", "--tokens", "2000000000"], "1048576"),
+], ids=lambda c: " ".join(c[:1] + c[-2:]) if isinstance(c, list) else None)
+def test_a_number_outside_its_range_names_the_option_the_value_and_the_range(command, expected):
+    result = k3moe(*command)
     assert result.returncode != 0
-    assert "--tokens" in result.stderr and "2000000000" in result.stderr and "1048576" in result.stderr, result.stderr
+    assert command[-2] in result.stderr and command[-1] in result.stderr and expected in result.stderr, result.stderr
+
+
+def test_bench_with_no_case_selected_is_an_error_not_an_empty_table():
+    result = k3moe("bench", "--suite", "decode", "--tokens", "3")
+    assert result.returncode != 0
+    assert "no case of --suite decode" in result.stderr and "need --shape" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("out,message", [
@@ -73,7 +84,6 @@ def test_reference_tokens_beyond_the_cli_limit_are_refused_before_loading():
     (".", "is a directory, not a file to write"),
 ])
 def test_reference_checks_where_its_output_goes_before_loading(out, message, tmp_path):
-    result = subprocess.run([crosscheck_env.program("K3MOE_BIN"), "reference", "--checkpoint", "unused", "--out", out],
-                            capture_output=True, text=True, timeout=SECONDS_BEFORE_ANY_WEIGHT_LOADS, cwd=tmp_path)
+    result = k3moe("reference", "--checkpoint", "unused", "--out", out, cwd=tmp_path)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
