@@ -29,6 +29,8 @@ struct ActivationParams {
   float situ_linear_beta = 25.0f;
   float swiglu_alpha = 1.702f;
   float swiglu_limit = 7.0f;
+  // Throws k3moe::Error naming the field: the betas and the limit finite and > 0, alpha finite.
+  void validate() const;
 };
 
 std::string_view to_string(Mode mode);

@@ -103,9 +103,9 @@ struct PlanOptions {
 
 // Tensors of one forward. Shapes: T tokens, H hidden, K top-k, E global experts.
 struct ForwardArgs {
-  // x: [T, H] bf16. In mode Mxfp8, x may instead be pre-quantized: [T, H] uint8 E4M3 codes
-  // (DLPack uint8, or float8_e4m3fn where DLPack has it) with x_scales [T, H/128] int32 (four E8M0
-  // bytes per int32, group g at byte g mod 4).
+  // x: [T, H] bf16. In mode Mxfp8, x may instead be pre-quantized: [T, H] uint8 E4M3 codes (the
+  // PyTorch binding hands float8_e4m3fn tensors over as such) with x_scales [T, H/128] int32 (four
+  // E8M0 bytes per int32, group g at byte g mod 4); x_scales only then.
   const DLTensor* x = nullptr;
   const DLTensor* x_scales = nullptr;
   // Routing, either given: topk_ids [T, K] int32 global ids (-1 allowed) + topk_weights [T, K] fp32,

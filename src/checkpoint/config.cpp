@@ -302,14 +302,7 @@ void MoeConfig::validate() const {
               num_experts, "], got ", top_k);
   K3MOE_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0.0f,
               "routed_scaling_factor must be finite and > 0, got ", routed_scaling_factor);
-  const ActivationParams& p = activation_params;
-  K3MOE_CHECK(std::isfinite(p.situ_beta) && p.situ_beta > 0.0f, "activation_situ_beta must be finite and > 0, got ",
-              p.situ_beta);
-  K3MOE_CHECK(std::isfinite(p.situ_linear_beta) && p.situ_linear_beta > 0.0f,
-              "activation_situ_linear_beta must be finite and > 0, got ", p.situ_linear_beta);
-  K3MOE_CHECK(std::isfinite(p.swiglu_alpha), "swiglu_alpha must be finite, got ", p.swiglu_alpha);
-  K3MOE_CHECK(std::isfinite(p.swiglu_limit) && p.swiglu_limit > 0.0f, "swiglu_limit must be finite and > 0, got ",
-              p.swiglu_limit);
+  activation_params.validate();
   K3MOE_CHECK(num_layers >= 1, "num_hidden_layers must be >= 1, got ", num_layers);
   K3MOE_CHECK(moe_layer_freq >= 1, "moe_layer_freq must be >= 1, got ", moe_layer_freq);
   K3MOE_CHECK(first_k_dense_replace >= 0 && first_k_dense_replace < num_layers,
@@ -317,6 +310,16 @@ void MoeConfig::validate() const {
               ") so that some layer is MoE, got ", first_k_dense_replace);
   K3MOE_CHECK(first_moe_layer() >= 0, "no MoE layer: num_hidden_layers = ", num_layers,
               ", first_k_dense_replace = ", first_k_dense_replace, ", moe_layer_freq = ", moe_layer_freq);
+}
+
+void ActivationParams::validate() const {
+  K3MOE_CHECK(std::isfinite(situ_beta) && situ_beta > 0.0f, "activation_situ_beta must be finite and > 0, got ",
+              situ_beta);
+  K3MOE_CHECK(std::isfinite(situ_linear_beta) && situ_linear_beta > 0.0f,
+              "activation_situ_linear_beta must be finite and > 0, got ", situ_linear_beta);
+  K3MOE_CHECK(std::isfinite(swiglu_alpha), "swiglu_alpha must be finite, got ", swiglu_alpha);
+  K3MOE_CHECK(std::isfinite(swiglu_limit) && swiglu_limit > 0.0f, "swiglu_limit must be finite and > 0, got ",
+              swiglu_limit);
 }
 
 void MoeConfig::check_layer_bytes() const {

@@ -1,7 +1,9 @@
 // DeviceExperts: a rank's experts reordered into the kernel layout (kernels/expert_layout.cuh) on
 // the host, then copied to the GPU once. download() inverts the layout for the round-trip test.
 #include <algorithm>
+#include <cstdint>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "k3moe/error.h"
@@ -169,6 +171,12 @@ DeviceExperts DeviceExperts::view(const MoeConfig& config, ExpertParallel ep, in
   config.validate();
   ep.validate(config.num_experts);
   K3MOE_CHECK(p.w13_codes && p.w13_scales && p.w2_codes && p.w2_scales, "DeviceExperts::view needs all four pointers");
+  // The GEMMs' bulk copies fault (and leave the context unusable) on a source not 16-byte aligned.
+  const std::pair<const char*, const void*> named[] = {
+      {"w13_codes", p.w13_codes}, {"w13_scales", p.w13_scales}, {"w2_codes", p.w2_codes}, {"w2_scales", p.w2_scales}};
+  for (const auto& [name, pointer] : named)
+    K3MOE_CHECK(reinterpret_cast<uintptr_t>(pointer) % 16 == 0, "DeviceExperts::view: ", name,
+                " must be 16-byte aligned, got address 0x", std::hex, reinterpret_cast<uintptr_t>(pointer));
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->ep = ep;

@@ -20,6 +20,7 @@ class DeviceTensor {
   DeviceTensor() = default;
   DeviceTensor(std::vector<int64_t> shape, DLDataType dtype, int device)
       : shape_(std::move(shape)), dtype_(dtype), device_(device) {
+    DeviceGuard on(device);  // the memory lives where the DLTensor view says
     buffer_ = DeviceBuffer(std::max<int64_t>(bytes(), 16));
   }
   template <class T>

@@ -81,6 +81,14 @@ struct Workspace {
   }
 };
 
+// One forward's token count T: 0 <= T <= the GEMMs' 32-bit row-offset limit. `what` starts the
+// message ("x has ", "workspace_bytes: ").
+void check_token_count(const MoeConfig& c, int64_t T, const char* what) {
+  const int64_t limit = kernels::max_gemm_tokens(c.top_k, c.hidden, c.intermediate);
+  K3MOE_CHECK(T >= 0 && T <= limit, what, T, " tokens; one forward takes 0 to ", limit, " at top_k ", c.top_k,
+              ", H ", c.hidden, ", I ", c.intermediate, " (32-bit row offsets): split the batch");
+}
+
 }  // namespace
 
 struct MoePlan::Impl {
@@ -111,6 +119,12 @@ bool hopper_gpu_available(std::string* why_not) {
 MoePlan MoePlan::create(const PlanOptions& o) {
   o.config.validate();
   o.ep.validate(o.config.num_experts);
+  // The kernels run the plan's mode, activation and parameters, not the config's.
+  K3MOE_CHECK(o.mode == Mode::A16 || o.mode == Mode::Mxfp8, "mode must be A16 or Mxfp8, got ", int(o.mode));
+  K3MOE_CHECK(o.activation == Activation::Situ || o.activation == Activation::Swiglu ||
+                  o.activation == Activation::SwigluOai,
+              "activation must be Situ, Swiglu or SwigluOai, got ", int(o.activation));
+  o.activation_params.validate();
   const MoeConfig& c = o.config;
   K3MOE_CHECK(o.max_tokens >= 0, "max_tokens must be >= 0, got ", o.max_tokens);
   const int64_t token_limit = kernels::max_gemm_tokens(c.top_k, c.hidden, c.intermediate);
@@ -174,17 +188,17 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   K3MOE_CHECK(args.x->ndim == 2 && args.x->shape != nullptr, "x must be [T, ", c.hidden, "], got ",
               describe_tensor(*args.x));
   const int64_t T = args.x->shape[0], H = c.hidden, K = c.top_k, E = c.num_experts;
+  check_token_count(c, T, "x has ");
   K3MOE_CHECK(workspace != nullptr || T <= o.max_tokens, "x has ", T, " tokens, the plan was created for at most ",
               o.max_tokens, " (pass a workspace of workspace_bytes(", T, ") bytes for more)");
   K3MOE_CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
-  const int64_t token_limit = kernels::max_gemm_tokens(c.top_k, c.hidden, c.intermediate);
-  K3MOE_CHECK(T <= token_limit, "x has ", T, " tokens; one forward takes at most ", token_limit, " at top_k ", K,
-              ", H ", H, ", I ", c.intermediate, " (32-bit row offsets): split the batch");
   const bool x_prequantized = same_dtype(args.x->dtype, kU8);
   K3MOE_CHECK(!x_prequantized || o.mode == Mode::Mxfp8,
               "x is uint8 (pre-quantized MXFP8) but the plan's mode is ", to_string(o.mode));
   check_tensor(args.x, "x", x_prequantized ? kU8 : kBf16, {T, H}, o.device);
   if (x_prequantized) check_tensor(args.x_scales, "x_scales", kI32, {T, H / 128}, o.device);
+  K3MOE_CHECK(x_prequantized || args.x_scales == nullptr,
+              "x_scales is given but x is bf16 (x_scales go with a pre-quantized uint8 x)");
   check_tensor(args.out, "out", kBf16, {T, H}, o.device);
   const bool from_logits = args.router_logits != nullptr;
   if (from_logits) {
@@ -193,6 +207,8 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   }
   K3MOE_CHECK(from_logits || (args.topk_ids && args.topk_weights),
               "give either topk_ids + topk_weights or router_logits + router_bias");
+  K3MOE_CHECK(from_logits || args.router_bias == nullptr,
+              "router_bias is given without router_logits (it is used only to route from logits)");
   if (args.topk_ids || !from_logits) check_tensor(args.topk_ids, "topk_ids", kI32, {T, K}, o.device);
   if (args.topk_weights || !from_logits) check_tensor(args.topk_weights, "topk_weights", kF32, {T, K}, o.device);
   if (args.stage_times) {
@@ -320,6 +336,7 @@ void MoePlan::quantize_mxfp8(const DLTensor& x, DLTensor& codes, DLTensor& scale
 const PlanOptions& MoePlan::options() const { return impl_->options; }
 int64_t MoePlan::workspace_bytes() const { return impl_->workspace_buffer.bytes(); }
 int64_t MoePlan::workspace_bytes(int tokens) const {
+  check_token_count(impl_->options.config, tokens, "workspace_bytes: ");
   Workspace unused;
   return Workspace::carve(&unused, nullptr, impl_->options, tokens, impl_->sm_count);
 }

@@ -55,6 +55,18 @@ TEST(DeviceExperts, RejectsScalesTheKernelsCannotHold) {
   testing::expect_error([&] { DeviceExperts::upload(host, 0); }, {"expert 0", "w3.weight_scale[5, 2]", "140"});
 }
 
+TEST(DeviceExperts, ViewRefusesPointersTheBulkCopiesCannotRead) {
+  // Host-only: view() checks the pointers without touching the GPU, so this runs anywhere.
+  alignas(16) static uint8_t bytes[64];
+  DeviceExperts::Pointers p{bytes, bytes + 16, bytes + 32, bytes + 48};
+  EXPECT_NO_THROW(DeviceExperts::view(small_config(), {1, 0}, 1, 0, p));
+  p.w2_codes = bytes + 33;
+  testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); },
+                        {"w2_codes must be 16-byte aligned"});
+  p.w2_codes = nullptr;
+  testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); }, {"all four pointers"});
+}
+
 struct Buffers {
   DeviceTensor x, ids, weights, out;
   explicit Buffers(int T, const MoeConfig& c)
@@ -123,6 +135,16 @@ TEST(MoePlan, RejectsBadTensorsNamingThem) {
   a = b.args();
   a.topk_ids = nullptr;
   testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"topk_ids + topk_weights or router_logits"});
+
+  // Arguments given where they are not used are errors, not ignored.
+  a = b.args();
+  a.x_scales = b.ids.dl();
+  testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"x_scales is given but x is bf16"});
+  a = b.args();
+  a.router_bias = b.weights.dl();
+  testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"router_bias is given without router_logits"});
+
+  testing::expect_error([&] { plan.workspace_bytes(-1); }, {"workspace_bytes: -1 tokens", "split the batch"});
 }
 
 TEST(MoePlan, ZeroTokensReturnsAtOnce) {
@@ -133,6 +155,18 @@ TEST(MoePlan, ZeroTokensReturnsAtOnce) {
   Buffers b(0, c);
   plan.forward(experts, b.args(), nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+TEST(MoePlan, RejectsActivationSettingsTheKernelsCannotRun) {
+  // The kernels run the plan's own activation and parameters, not the config's.
+  K3MOE_REQUIRE_GPU();
+  const MoeConfig c = small_config();
+  ActivationParams zero_beta = c.activation_params;
+  zero_beta.situ_beta = 0.0f;
+  testing::expect_error([&] { MoePlan::create({c, 16, Mode::A16, Activation::Situ, zero_beta, {1, 0}, 0}); },
+                        {"activation_situ_beta must be finite and > 0", "got 0"});
+  testing::expect_error([&] { MoePlan::create({c, 16, Mode::A16, Activation(7), c.activation_params, {1, 0}, 0}); },
+                        {"activation must be Situ, Swiglu or SwigluOai, got 7"});
 }
 
 TEST(MoePlan, RejectsShapesTheKernelsDoNotTake) {
