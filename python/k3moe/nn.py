@@ -63,6 +63,15 @@ class KimiK3RoutedExperts(torch.nn.Module):
         if w13_packed.dim() != 3 or w13_packed.shape[0] != config.num_local:
             raise ValueError(f"KimiK3RoutedExperts.from_tensors: w13_packed must hold the rank's {config.num_local} "
                              f"experts ({config.num_experts} / EP {config.ep_size}), got {tuple(w13_packed.shape)}")
+        # The kernel layout keeps only each matrix's bytes: shapes with H and I swapped would pass
+        # every later check, so the config's H and I are held to the tensors here.
+        L, H, I = config.num_local, config.hidden, config.intermediate
+        expected = {"w13_packed": (L, 2 * I, H // 2), "w13_scale": (L, 2 * I, H // 32),
+                    "w2_packed": (L, H, I // 2), "w2_scale": (L, H, I // 32)}
+        for (name, shape), tensor in zip(expected.items(), (w13_packed, w13_scale, w2_packed, w2_scale)):
+            if tuple(tensor.shape) != shape:
+                raise ValueError(f"KimiK3RoutedExperts.from_tensors: {name} must be {shape} for the config's H {H}, "
+                                 f"I {I}, got {tuple(tensor.shape)}")
         return cls(config, prepare_experts(w13_packed, w13_scale, w2_packed, w2_scale), router_bias)
 
     # ------------------------------------------------------------------------------------- compute

@@ -236,6 +236,12 @@ def test_route_bad_top_k_is_the_library_error(top_k, message):
                  torch.zeros(16, device="cuda"), top_k)
 
 
+@pytest.mark.parametrize("ep_size, ep_rank", [(0, 0), (-2, 0), (4, 4), (4, -1)])
+def test_config_with_an_impossible_ep_rank_is_a_value_error(ep_size, ep_rank):
+    with pytest.raises(ValueError, match="ep_size must be >= 1 and ep_rank in"):
+        k3moe.MoeConfig(**SMALL, ep_size=ep_size, ep_rank=ep_rank)
+
+
 @hopper
 def test_module_route_without_bias():
     config = k3moe.MoeConfig(**SMALL)
@@ -245,3 +251,7 @@ def test_module_route_without_bias():
     with pytest.raises(ValueError, match="must hold the rank's 8 experts"):
         k3moe.nn.KimiK3RoutedExperts.from_tensors(*cases.random_experts(16, 512, 256, seed=4),
                                                   config=k3moe.MoeConfig(**SMALL, ep_size=2))
+    swapped = dict(SMALL, hidden=SMALL["intermediate"], intermediate=SMALL["hidden"])  # same bytes, other shapes
+    with pytest.raises(ValueError, match=r"w13_packed must be \(16, 1024, 128\) for the config's H 256, I 512"):
+        k3moe.nn.KimiK3RoutedExperts.from_tensors(*cases.random_experts(16, 512, 256, seed=4),
+                                                  config=k3moe.MoeConfig(**swapped))
