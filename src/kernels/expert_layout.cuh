@@ -98,6 +98,16 @@ K3MOE_HD constexpr int64_t scale_position(int n, int k, int N, int K) {
   return block * kBlockScaleBytes + (r % 8) * 4 + group * 2 + r / 8;
 }
 
+// The four bf16x2 A registers of one 16-k step, widened from the step's code word by the placement
+// above, each value * 2^-126. The same code on the host (tests) and in the kernels (the rotation
+// compiles to one funnel shift).
+K3MOE_HD constexpr void widen_codes(uint32_t w, uint32_t (&pairs)[4]) {
+  pairs[0] = w & kWidenMask;
+  pairs[1] = (w << 6) & kWidenMask;
+  pairs[2] = ((w << 28) | (w >> 4)) & kWidenMask;
+  pairs[3] = ((w << 2) & kWidenMaskShl2) | ((w >> 6) & kWidenMaskShr6);
+}
+
 // E8M0 byte -> stored multiplier exponent, and back.
 K3MOE_HD constexpr uint8_t scale_to_kernel(uint8_t s) { return s == kE8M0NaN ? kE8M0NaN : uint8_t(s + 126); }
 K3MOE_HD constexpr uint8_t scale_from_kernel(uint8_t e) { return e == kE8M0NaN ? kE8M0NaN : uint8_t(e - 126); }

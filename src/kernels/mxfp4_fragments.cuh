@@ -13,16 +13,6 @@ namespace k3moe::kernels {
 
 enum class Epilogue { Activation, GateUpRows, Rows };
 
-// The four bf16x2 A registers of one 16-k step, widened from the step's code word (bit placement:
-// expert_layout.cuh), each value * 2^-126.
-__device__ __forceinline__ void widen_codes(uint32_t w, uint32_t (&pairs)[4]) {
-  constexpr uint32_t kMask = layout::kWidenMask;
-  pairs[0] = w & kMask;
-  pairs[1] = (w << 6) & kMask;
-  pairs[2] = __funnelshift_l(w, w, 28) & kMask;
-  pairs[3] = ((w << 2) & layout::kWidenMaskShl2) | ((w >> 6) & layout::kWidenMaskShr6);
-}
-
 // The bf16 multipliers 2^(s-1) of one lane's block, from its scale word (bytes s + 126 of (row g,
 // k-group 0), (row g + 8, 0), (row g, 1), (row g + 8, 1)): each byte moved onto a bf16 exponent
 // field, row g's two k-groups in the halves of `row_g`, row g + 8's in `row_g8` (4 operations; the
@@ -57,7 +47,7 @@ __device__ __forceinline__ void load_block_fragments(const uint8_t* s_codes, con
 __device__ __forceinline__ void widen_step(const uint4& code, const BlockMultipliers& mult, int kk,
                                            uint32_t (&afrag)[4]) {
   const uint32_t word = kk == 0 ? code.x : kk == 1 ? code.y : kk == 2 ? code.z : code.w;
-  widen_codes(word, afrag);
+  layout::widen_codes(word, afrag);
   if (kk < 2) scale_pairs<0>(afrag, mult);
   else scale_pairs<1>(afrag, mult);
 }

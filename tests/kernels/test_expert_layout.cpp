@@ -1,5 +1,6 @@
 // The kernel layout of the weights (src/kernels/expert_layout.cuh) is a bijection, keeps each
-// lane's 16 bytes within its block, and puts gate and up of one output in one 16-row block.
+// lane's 16 bytes within its block, puts gate and up of one output in one 16-row block, and its
+// widening gives every code's value.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -57,17 +58,6 @@ TEST(ExpertLayout, LaneHoldsItsMmaFragment) {
     }
 }
 
-// The kernel's widening (expert_gemm.cu widen_codes), restated: pair p of a word as bf16x2 bits.
-uint32_t widen_pair(uint32_t w, int p) {
-  constexpr uint32_t kMask = 0x81C081C0u;
-  switch (p) {
-    case 0: return w & kMask;
-    case 1: return (w << 6) & kMask;
-    case 2: return ((w << 28) | (w >> 4)) & kMask;
-    default: return ((w << 2) & 0x80C080C0u) | ((w >> 6) & 0x01000100u);
-  }
-}
-
 TEST(ExpertLayout, WideningGivesEveryCodeTimesTwoToTheMinus126) {
   // Every code in every slot of a word: the widened bf16 must be e2m1(code) * 2^-126, and the
   // other seven slots must not leak into it.
@@ -80,7 +70,9 @@ TEST(ExpertLayout, WideningGivesEveryCodeTimesTwoToTheMinus126) {
         const CodeBits p = code_bits(n, k, 16, 128);
         uint32_t w = background;
         for (int j = 0; j < 4; ++j) w = (w & ~(1u << p.bit[j])) | (uint32_t(code >> j & 1) << p.bit[j]);
-        const uint32_t bf16x2 = widen_pair(w, pair);
+        uint32_t pairs[4];
+        widen_codes(w, pairs);  // the kernels' own function (expert_layout.cuh)
+        const uint32_t bf16x2 = pairs[pair];
         const uint16_t bits = uint16_t(bf16x2 >> (16 * half));
         const float value = bf16_bits_to_float(bits) * 0x1p126f;
         EXPECT_EQ(value, e2m1_to_float(uint8_t(code))) << "slot " << slot << " code " << code;
