@@ -108,6 +108,19 @@ K3MOE_HD constexpr void widen_codes(uint32_t w, uint32_t (&pairs)[4]) {
   pairs[3] = ((w << 2) & kWidenMaskShl2) | ((w >> 6) & kWidenMaskShr6);
 }
 
+// The bf16 multipliers 2^(s-1) of one lane's block, from its scale word (bytes s + 126 of (row g,
+// k-group 0), (row g + 8, 0), (row g, 1), (row g + 8, 1)): each byte moved onto a bf16 exponent
+// field, row g's two k-groups in the halves of `row_g`, row g + 8's in `row_g8` (4 operations; the
+// multiplies pick their half). The NaN scale's byte 255 gives +Inf, and its group's codes are zero
+// (upload), so every weight of the group is 0 * Inf = NaN.
+struct BlockMultipliers {
+  uint32_t row_g, row_g8;
+};
+
+K3MOE_HD constexpr BlockMultipliers scale_multipliers(uint32_t scale_word) {
+  return {(scale_word & 0x00FF00FFu) << 7, (scale_word >> 1) & 0x7F807F80u};
+}
+
 // E8M0 byte -> stored multiplier exponent, and back.
 K3MOE_HD constexpr uint8_t scale_to_kernel(uint8_t s) { return s == kE8M0NaN ? kE8M0NaN : uint8_t(s + 126); }
 K3MOE_HD constexpr uint8_t scale_from_kernel(uint8_t e) { return e == kE8M0NaN ? kE8M0NaN : uint8_t(e - 126); }

@@ -13,18 +13,9 @@ namespace k3moe::kernels {
 
 enum class Epilogue { Activation, GateUpRows, Rows };
 
-// The bf16 multipliers 2^(s-1) of one lane's block, from its scale word (bytes s + 126 of (row g,
-// k-group 0), (row g + 8, 0), (row g, 1), (row g + 8, 1)): each byte moved onto a bf16 exponent
-// field, row g's two k-groups in the halves of `row_g`, row g + 8's in `row_g8` (4 operations; the
-// multiplies pick their half). The NaN scale's byte 255 gives +Inf, and its group's codes are zero
-// (upload), so every weight of the group is 0 * Inf = NaN.
-struct BlockMultipliers {
-  uint32_t row_g, row_g8;
-};
-
-__device__ __forceinline__ BlockMultipliers scale_multipliers(uint32_t scale_word) {
-  return {(scale_word & 0x00FF00FFu) << 7, (scale_word >> 1) & 0x7F807F80u};
-}
+// The scale word's multipliers and the widening are the layout's (expert_layout.cuh).
+using layout::BlockMultipliers;
+using layout::scale_multipliers;
 
 // pairs[p] * the multiplier of its row in k-group kGroup: row g for pairs 0, 2, row g + 8 for 1, 3.
 template <int kGroup>

@@ -3,6 +3,7 @@
 // widening gives every code's value.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 #include <vector>
 
@@ -76,6 +77,22 @@ TEST(ExpertLayout, WideningGivesEveryCodeTimesTwoToTheMinus126) {
         const uint16_t bits = uint16_t(bf16x2 >> (16 * half));
         const float value = bf16_bits_to_float(bits) * 0x1p126f;
         EXPECT_EQ(value, e2m1_to_float(uint8_t(code))) << "slot " << slot << " code " << code;
+      }
+}
+
+TEST(ExpertLayout, ScaleWordGivesEachRowAndGroupItsMultiplier) {
+  // Byte j of a lane's scale word is (row g, k-group 0), (row g + 8, 0), (row g, 1), (row g + 8, 1);
+  // the multiplier of its row and group must be the bf16 2^(s - 1), whatever the other bytes hold,
+  // and the NaN scale's must be +Inf.
+  auto half = [](uint32_t pair, int high) { return uint16_t(pair >> (16 * high)); };
+  for (int j = 0; j < 4; ++j)
+    for (int s : {0, 1, 2, 100, 126, 127, 128, int(kE8M0NaN)})
+      for (uint32_t background : {0x7E7E7E7Eu, 0x80808080u}) {
+        const uint32_t word = (background & ~(0xFFu << (8 * j))) | uint32_t(scale_to_kernel(uint8_t(s))) << (8 * j);
+        const BlockMultipliers m = scale_multipliers(word);
+        const uint16_t bits = half(j % 2 == 0 ? m.row_g : m.row_g8, j / 2);
+        const float want = s == kE8M0NaN ? INFINITY : std::ldexp(1.0f, s - 1);
+        EXPECT_EQ(bf16_bits_to_float(bits), want) << "byte " << j << " scale " << s;
       }
 }
 
