@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(128 * (C * (V == kSsAluSplit ? 2 : 1) + kSpinn
 #pragma unroll
             for (int r = 0; r < 4; ++r) afrag[i][r] = 0x3F803F80u + r + c;
           } else if constexpr (V == kRsWidenInt) {
-            widen_codes(kk == 0 ? code[i].x : kk == 1 ? code[i].y : kk == 2 ? code[i].z : code[i].w, afrag[i]);
+            layout::widen_codes(kk == 0 ? code[i].x : kk == 1 ? code[i].y : kk == 2 ? code[i].z : code[i].w, afrag[i]);
 #pragma unroll
             for (int r = 0; r < 4; ++r) afrag[i][r] += (r % 2 ? mult[i].row_g8 : mult[i].row_g);
           } else if constexpr (V != kRs && V != kSs && V != kSsAluSplit) {
