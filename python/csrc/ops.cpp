@@ -14,7 +14,6 @@
 #include <torch/library.h>
 
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <string_view>

@@ -5,11 +5,9 @@
 #include <atomic>
 #include <charconv>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
-#include <sstream>
 #include <thread>
 #include <unordered_map>
 
