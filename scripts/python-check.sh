@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The PyTorch binding on the GPU machine: build and install the package with pip (no network, no
-# build isolation, against the installed torch) into a temporary target directory, then run its
-# pytest suite there. Logs go to OUTDIR; a summary is printed last.
+# The PyTorch binding: build and install the package with pip (no network, no build isolation,
+# against the installed torch) into a temporary target directory, then run its pytest suite there.
+# Logs go to OUTDIR; a summary is printed last. On the GPU machine every test runs; on a machine
+# without a GPU (CI) the build, the link check and the tests that need no GPU run, with torch
+# from scripts/torch-venv.sh.
 #
 #   scripts/python-check.sh OUTDIR [pytest args...]
+#   PYTHON=$(scripts/torch-venv.sh) K3MOE_REQUIRE_GPU=0 scripts/python-check.sh OUTDIR   (no GPU)
 #
 # Environment: PYTHON (default python3), K3MOE_REQUIRE_GPU (default 1: a test that would skip for
 # want of torch, the package or a Hopper GPU fails instead), BUILD_DIR (default build-py-wheel,
@@ -20,6 +23,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
 build_dir=${BUILD_DIR:-$root/build-py-wheel}
 site=$(mktemp -d "${TMPDIR:-/tmp}/k3moe-site.XXXXXX")
+trap 'rm -rf "$site"' EXIT
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
@@ -36,7 +40,11 @@ finish() {
   exit "$1"
 }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/nvidia-smi.csv" 2>&1
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/nvidia-smi.csv" 2>&1
+else
+  echo "none (no nvidia-smi)" > "$out/nvidia-smi.csv"
+fi
 "$python" - > "$out/environment.txt" 2>&1 <<'EOF'
 import importlib, platform, sys
 print("python", sys.version.split()[0], platform.machine())
@@ -59,7 +67,7 @@ cmake --version | head -n 1
 start=$(date +%s)
 if "$python" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir --target "$site" \
      --config-settings=build-dir="$build_dir" -v "$root/python" > "$out/pip-install.log" 2>&1; then
-  record "build + install" ok "$(( $(date +%s) - start )) s into $site"
+  record "build + install" ok "$(( $(date +%s) - start )) s"
 else
   tail -n 40 "$out/pip-install.log"
   record "build + install" FAIL "see pip-install.log"
