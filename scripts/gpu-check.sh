@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One command on the GPU machine: build (unless prebuilt binaries are given), run the GPU tests,
-# the validation matrix, the sanitizers and the benchmark (burst timing, and again under sustained
-# load: `bench --sustain-ms`); logs and JSON go to OUTDIR, and a summary table is printed last.
+# the PyTorch binding's suite (scripts/python-check.sh, into OUTDIR/python), the validation
+# matrix, the sanitizers and the benchmark (burst timing, and again under sustained load: `bench
+# --sustain-ms`); logs and JSON go to OUTDIR, and a summary table is printed last.
 #
-#   scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps tests,validate,sanitize,bench,sustained] [--commit SHA] [--pack]
+#   scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps tests,python,validate,sanitize,bench,sustained] [--commit SHA] [--pack]
 #
 # --bin DIR: a directory holding prebuilt `k3moe` and `k3moe_gpu_tests` (skips the build).
-# --pack: at the end, the logs go into OUTDIR/logs.tgz, so that OUTDIR holds six files (the device
-# tool brings back a limited number of files per call).
+# --pack: at the end, the logs (and OUTDIR/python) go into OUTDIR/logs.tgz, so that OUTDIR holds
+# six files (the device tool brings back a limited number of files per call).
 # Without it, the build needs the DLPack header: either installed, or libdlpack-dev*.deb in .deps/
 # (unpacked into .deps/prefix, never into /).
 source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
@@ -15,7 +16,7 @@ set -uo pipefail
 
 out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps LIST] [--commit SHA] [--pack]}
 shift
-bin="" steps="tests,validate,sanitize,bench,sustained" commit=$(git rev-parse HEAD 2>/dev/null || echo unknown) pack=0
+bin="" steps="tests,python,validate,sanitize,bench,sustained" commit=$(git rev-parse HEAD 2>/dev/null || echo unknown) pack=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -67,6 +68,14 @@ if want tests; then
   counts=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu_tests.log" | tr '\n' ' ')
   record "gpu tests" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$counts ($(( $(date +%s) - start )) s)"
   [ $rc = 0 ] || { status=1; grep -E '^\[  FAILED' "$out/gpu_tests.log" | head -20; }
+fi
+
+if want python; then
+  start=$(date +%s)
+  K3MOE_BIN=$(realpath "$k3moe") "$root/scripts/python-check.sh" "$out/python" > "$out/python-check.log" 2>&1
+  rc=$?
+  record "python binding" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(grep -E '^pytest ' "$out/python-check.log" | cut -c 30-) ($(( $(date +%s) - start )) s)"
+  [ $rc = 0 ] || { status=1; tail -n 30 "$out/python-check.log"; }
 fi
 
 if want validate; then
@@ -127,6 +136,7 @@ if [ $pack = 1 ]; then
    shopt -s nullglob
    files=(*.log *.csv)
    [ -f gpu_tests.json ] && files+=(gpu_tests.json)
-   tar czf logs.tgz "${files[@]}" && rm -f "${files[@]}")
+   [ -d python ] && files+=(python)
+   tar czf logs.tgz "${files[@]}" && rm -rf "${files[@]}")
 fi
 exit $status

@@ -67,9 +67,12 @@ struct MoeConfig {
 
   // Throws k3moe::Error naming the field when the numbers are inconsistent.
   void validate() const;
-  // Throws unless one layer's experts (num_experts x expert_bytes()) fit in kMaxLayerBytes, so
-  // that every byte count and offset derived from H, I and E is exact in int64 (and in double).
+  // Throws unless H and I are at most kMaxDimension (so that row and column counts such as 2 I
+  // stay far inside int) and one layer's experts (num_experts x expert_bytes()) fit in
+  // kMaxLayerBytes (so that every byte count and offset derived from H, I and E is exact in int64
+  // and in double).
   void check_layer_bytes() const;
+  static constexpr int kMaxDimension = 1 << 20;
   static constexpr int64_t kMaxLayerBytes = int64_t(1) << 53;
   bool is_moe_layer(int layer) const;
   int first_moe_layer() const;

@@ -321,6 +321,10 @@ void ActivationParams::validate() const {
 }
 
 void MoeConfig::check_layer_bytes() const {
+  K3MOE_CHECK(hidden <= kMaxDimension, "routed_expert_hidden_size (H) must be <= 2^20 = ", kMaxDimension, ", got ",
+              hidden);
+  K3MOE_CHECK(intermediate <= kMaxDimension, "moe_intermediate_size (I) must be <= 2^20 = ", kMaxDimension,
+              ", got ", intermediate);
   // In double: the products below overflow int64 for H and I near 2^31.
   const double h = hidden, i = intermediate;
   const double layer_bytes = double(num_experts) * (2 * i * (h / 2 + h / kMxGroup) + h * (i / 2 + i / kMxGroup));

@@ -624,21 +624,29 @@ void configure_tiles() {
   configure_kernels<Gemm2Tile<kTokens>, Epilogue::Rows>();
 }
 
-// GEMM2's token rows as a TMA tensor map: act_rows rows of K bf16, read in boxes of {64 k, `box_rows`
-// rows} with the 128-byte swizzle. The driver's encoder is reached through the runtime, so that
-// the library does not link libcuda. The map holds the rows' address and goes to the kernel as a
-// parameter, so each launch (and a captured graph) carries its own.
-CUtensorMap rows_tensor_map(const ExpertGemmArgs& args, int box_rows) {
-  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static const Encode encode = [] {
+using TensorMapEncoder = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                      const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                      CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's encoder, reached through the runtime so that the library does not link libcuda.
+// Looked up first by configure_expert_gemm_wgmma_kernels (at plan creation), so that a forward
+// cannot fail on it after its first kernels are enqueued.
+TensorMapEncoder tensor_map_encoder() {
+  static const TensorMapEncoder encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
     K3MOE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
     K3MOE_CHECK(found == cudaDriverEntryPointSuccess && fn, "the CUDA driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<Encode>(fn);
+    return reinterpret_cast<TensorMapEncoder>(fn);
   }();
+  return encode;
+}
+
+// GEMM2's token rows as a TMA tensor map: act_rows rows of K bf16, read in boxes of {64 k, `box_rows`
+// rows} with the 128-byte swizzle. The map holds the rows' address and goes to the kernel as a
+// parameter, so each launch (and a captured graph) carries its own.
+CUtensorMap rows_tensor_map(const ExpertGemmArgs& args, int box_rows) {
+  const TensorMapEncoder encode = tensor_map_encoder();
   K3MOE_CHECK(args.act_rows > 0 && reinterpret_cast<uintptr_t>(args.act) % 16 == 0,
               "GEMM2's intermediate rows must be 16-byte aligned and hold >= 1 row, got ", args.act_rows, " rows at ",
               static_cast<const void*>(args.act));
@@ -673,6 +681,7 @@ void launch_tiles(const ExpertGemmArgs& args, const GemmOutput& out, bool gemm1,
 }  // namespace
 
 void configure_expert_gemm_wgmma_kernels() {
+  tensor_map_encoder();
   configure_tiles<32>();
   configure_tiles<64>();
   configure_tiles<96>();

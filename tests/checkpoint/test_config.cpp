@@ -168,8 +168,11 @@ TEST(Config, InconsistentFieldsAreNamed) {
       {"moe_layer_freq", 0, "moe_layer_freq"},
       {"routed_scaling_factor", 0.0, "routed_scaling_factor"},
       {"activation_situ_beta", -4.0, "activation_situ_beta"},
-      // 896 experts of H 3584, I 2^31 - 64: ~2.2e19 bytes, past int64 (no buffer size may wrap).
-      {"moe_intermediate_size", 2147483584, "must fit in 2^53 bytes"},
+      // I 2^31 - 64 would make 2 I wrap in int (and 896 such experts ~2.2e19 bytes, past int64).
+      {"moe_intermediate_size", 2147483584, "moe_intermediate_size (I) must be <= 2^20 = 1048576, got 2147483584"},
+      {"moe_intermediate_size", (1 << 20) + 64, "must be <= 2^20"},
+      {"routed_expert_hidden_size", (1 << 20) + 64, "routed_expert_hidden_size (H) must be <= 2^20"},
+      // 2^30 experts of K3's size: ~1.9e16 bytes (no buffer size may wrap).
       {"num_experts", 1 << 30, "must fit in 2^53 bytes"},
   };
   for (const Case& c : cases) {
@@ -179,6 +182,10 @@ TEST(Config, InconsistentFieldsAreNamed) {
                  std::string(c.field) + " = " + c.value.dump());
   }
   json j = k3_text_config();
+  j["routed_expert_hidden_size"] = 1 << 20;  // 896 experts of H = I = 2^20: ~1.6e15 bytes, in bounds
+  j["moe_intermediate_size"] = 1 << 20;
+  EXPECT_EQ(MoeConfig::from_json(j.dump(), "config.json").intermediate, 1 << 20);
+  j = k3_text_config();
   j["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 16;
   expect_error([&] { MoeConfig::from_json(j.dump(), "config.json"); }, {"group_size", "32", "16"});
   j = k3_text_config();
