@@ -213,7 +213,8 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   row.clock = t_ids.clock;
 
   row.us_logits = 1000.0 * t_logits.median_ms;
-  // The spread of the timed replays: what a second run of the same binary may differ by.
+  // The range of one series' timed replays over its median. It mixes the input sets' routing and
+  // the GPU's power state; it is not the run-to-run spread (that takes two runs: bench/NOTES.md).
   row.spread_pct = 100.0 * (t_ids.max_ms - t_ids.min_ms) / t_ids.median_ms;
   // --per-set: is a spread between input sets (their routing) or within each?
   // Each call's us, the clock the SMs counted after it and NVML's last reading before its end (MHz,
@@ -377,7 +378,9 @@ void bench(const Options& o) {
   if (!o.json.empty()) {
     nlohmann::json j;
     j["machine"] = {{"gpu", ceil.gpu_name}, {"sms", ceil.sm_count}, {"l2_mb", ceil.l2_mb}};
-    j["driver"] = ceil.driver_version;
+    j["driver"] = ceil.driver_version;  // the CUDA driver API version (13000: 13.0)
+    j["driver_release"] = sampler != nullptr && !sampler->driver_release().empty() ? sampler->driver_release()
+                                                                                    : "unknown";
     j["commit"] = o.commit;
     j["date"] = today();
     j["ceilings"] = {{"copy_tb_s", ceil.copy_tb_s}, {"bf16_tflop_s", ceil.bf16_tflop_s}, {"fp8_tflop_s", ceil.fp8_tflop_s}};
@@ -390,6 +393,8 @@ void bench(const Options& o) {
                                   : "counted_*: clock64 over the global timer after each timed replay; the rest: "
                                     "NVML every 1 ms during the forward's timed replays" +
                                         (no_clock.empty() ? "" : " (not sampled: " + no_clock + ")")}};
+    // Settings that override the heuristic: rows timed with any of them are not the shipped choice.
+    j["forced"] = {{"tile", o.tile}, {"kernel", o.kernel}, {"splits", o.splits}};
     for (const Row& r : rows) {
       j["rows"].push_back({{"shape", r.c.shape},
                            {"tokens", r.c.tokens},

@@ -43,6 +43,10 @@ ClockSampler::ClockSampler(const std::string& pci_bus_id, int period_us) : perio
     shutdown_ = nullptr;
     return;
   }
+  if (const auto driver_version = symbol<int (*)(char*, unsigned)>(library_, "nvmlSystemGetDriverVersion")) {
+    char release[96] = {};
+    if (driver_version(release, sizeof release - 1) == kNvmlSuccess) driver_release_ = release;
+  }
   void* device = nullptr;
   if (const int status = by_bus_id(pci_bus_id.c_str(), &device); status != kNvmlSuccess) {
     why_ = "NVML has no GPU at PCI bus id '" + pci_bus_id + "' (" + std::to_string(status) + ")";

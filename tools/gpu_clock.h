@@ -69,6 +69,8 @@ class ClockSampler {
 
   bool available() const { return device_ != nullptr; }
   const std::string& why() const { return why_; }
+  // The NVIDIA driver's release (e.g. "580.95.05"); empty where NVML did not report it.
+  const std::string& driver_release() const { return driver_release_; }
   void start();
   ClockSummary stop();
   // The last series' samples, and the milliseconds from its start() to now (steady clock): a
@@ -86,6 +88,7 @@ class ClockSampler {
   int (*shutdown_)() = nullptr;
   int period_us_;
   std::string why_;
+  std::string driver_release_;
   std::atomic<bool> running_{false};
   std::thread thread_;
   std::chrono::steady_clock::time_point origin_;
