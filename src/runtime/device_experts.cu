@@ -87,6 +87,15 @@ void for_each_expert(int num_local, Fn fn) {
     if (err) std::rethrow_exception(err);
 }
 
+// The layout stores K (H for W13, I for W2) in chunks of kChunkBlocks k-blocks: any other K would
+// index past the buffers.
+void check_layout_dimensions(const MoeConfig& c) {
+  constexpr int kChunkK = layout::kBlockK * layout::kChunkBlocks;
+  K3MOE_CHECK(c.hidden % kChunkK == 0 && c.intermediate % kChunkK == 0, "the kernel layout needs H and I to be "
+              "multiples of ", kChunkK, " (it stores K in chunks of ", kChunkK, "), got H = ", c.hidden, ", I = ",
+              c.intermediate);
+}
+
 }  // namespace
 
 KernelLayoutSizes kernel_layout_sizes(const MoeConfig& c, ExpertParallel ep) {
@@ -97,8 +106,7 @@ KernelLayoutSizes kernel_layout_sizes(const MoeConfig& c, ExpertParallel ep) {
 KernelLayout to_kernel_layout(const RankExperts& experts) {
   experts.validate();
   const MoeConfig& c = experts.config;
-  K3MOE_CHECK(c.hidden % layout::kBlockK == 0 && c.intermediate % layout::kBlockK == 0,
-              "the kernel layout needs H and I to be multiples of 64, got H = ", c.hidden, ", I = ", c.intermediate);
+  check_layout_dimensions(c);
   const KernelLayoutSizes sizes = kernel_layout_sizes(c, experts.ep);
   KernelLayout out{std::vector<uint8_t>(sizes.w13_codes), std::vector<uint8_t>(sizes.w13_scales),
                    std::vector<uint8_t>(sizes.w2_codes), std::vector<uint8_t>(sizes.w2_scales)};
@@ -119,6 +127,7 @@ KernelLayout to_kernel_layout(const RankExperts& experts) {
 }
 
 RankExperts from_kernel_layout(const KernelLayout& in, const MoeConfig& c, int layer, ExpertParallel ep) {
+  check_layout_dimensions(c);
   RankExperts out = RankExperts::allocate(c, layer, ep);
   const KernelLayoutSizes sizes = kernel_layout_sizes(c, ep);
   K3MOE_CHECK(int64_t(in.w13_codes.size()) == sizes.w13_codes && int64_t(in.w13_scales.size()) == sizes.w13_scales &&

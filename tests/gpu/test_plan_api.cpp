@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expect_error.h"
@@ -44,6 +45,21 @@ TEST(DeviceExperts, RoundTripThroughKernelLayout) {
     EXPECT_EQ(back.w13_scale, host.w13_scale);
     EXPECT_EQ(back.w2_packed, host.w2_packed);
     EXPECT_EQ(back.w2_scale, host.w2_scale);
+  }
+}
+
+TEST(DeviceExperts, KernelLayoutRefusesDimensionsItCannotHold) {
+  // Host-only. H or I a multiple of 64 but not of 128 wrote past the layout's buffers.
+  for (auto [H, I] : {std::pair{192, 256}, std::pair{256, 320}}) {
+    SyntheticSpec spec;
+    spec.config = small_config();
+    spec.config.hidden = spec.config.model_hidden = H;
+    spec.config.intermediate = I;
+    const RankExperts host = synthesize_experts(spec, spec.config.first_moe_layer(), {1, 0});
+    const std::string got = "got H = " + std::to_string(H) + ", I = " + std::to_string(I);
+    testing::expect_error([&] { to_kernel_layout(host); }, {"the kernel layout needs H and I to be multiples of 128", got});
+    const KernelLayout empty;
+    testing::expect_error([&] { from_kernel_layout(empty, spec.config, 0, {1, 0}); }, {"multiples of 128", got});
   }
 }
 
