@@ -45,9 +45,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_experts(const
               ": w13_packed must be [E, 2I, H/2] uint8, got ", describe(w13_packed));
   const int64_t E = w13_packed.size(0), I = w13_packed.size(1) / 2, H = 2 * w13_packed.size(2);
   const c10::Device device = w13_packed.device();
-  // NOTE: any strides are taken here (the tensors are copied to the host), unlike route/forward.
+  // NOTE: any strides and alignment are taken here (the tensors are copied to the host), unlike
+  // route/forward.
   auto check = [&](const char* name, const at::Tensor& t, std::initializer_list<int64_t> shape) {
-    check_tensor(op, name, t.defined() && !t.is_contiguous() ? t.contiguous() : t, {at::kByte}, shape, device);
+    check_tensor_type(op, name, t, {at::kByte}, shape, device);
   };
   check("w13_packed", w13_packed, {E, 2 * I, H / 2});
   check("w13_scale", w13_scale, {E, 2 * I, H / 32});
@@ -56,9 +57,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_experts(const
 
   return translate_errors(op, [&] {
     MoeConfig config;
-    config.model_hidden = config.hidden = to_int(op, "H", H);
-    config.intermediate = to_int(op, "I", I);
-    config.num_experts = to_int(op, "E", E);
+    config.model_hidden = config.hidden = to_int(op, "H (2 * w13_packed.size(2))", H);
+    config.intermediate = to_int(op, "I (w13_packed.size(1) / 2)", I);
+    config.num_experts = to_int(op, "E (w13_packed.size(0))", E);
     config.top_k = 1;
     // NOTE: E is the rank's local expert count here; expert numbers in errors are local.
     RankExperts experts = RankExperts::allocate(config, /*layer=*/0, ExpertParallel{1, 0});

@@ -61,6 +61,8 @@ _load_library()
 
 @torch.library.register_fake("k3moe::prepare_experts")
 def _prepare_experts_fake(w13_packed, w13_scale, w2_packed, w2_scale):
+    torch._check(w13_packed.dim() == 3,
+                 lambda: f"k3moe.prepare_experts: w13_packed must be [E, 2I, H/2], got {tuple(w13_packed.shape)}")
     E, two_i, half_h = w13_packed.shape
     I, H = two_i // 2, 2 * half_h
     new = lambda n: w13_packed.new_empty((E, n), dtype=torch.uint8)  # noqa: E731

@@ -17,10 +17,10 @@ E, K, H, I, D = 16, 4, 256, 128, 64  # D: the model width the router sees
 LAYER = 1
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A two-layer checkpoint (layer 0 dense, layer 1 MoE) in one model.safetensors."""
-    directory = tmp_path_factory.mktemp("k3_small")
+def write_checkpoint(directory, intermediate=I):
+    """A two-layer checkpoint (layer 0 dense, layer 1 MoE) in one model.safetensors: (its raw
+    experts, gate weight, correction bias)."""
+    I = intermediate
     config = {"text_config": {
         "hidden_size": D, "routed_expert_hidden_size": H, "moe_intermediate_size": I, "num_experts": E,
         "num_experts_per_token": K, "num_hidden_layers": 2, "first_k_dense_replace": 1, "hidden_act": "situ",
@@ -45,7 +45,13 @@ def checkpoint(tmp_path_factory):
     tensors[f"{prefix}.gate.weight"] = gate
     tensors[f"{prefix}.gate.e_score_correction_bias"] = bias
     safetensors_torch.save_file(tensors, str(directory / "model.safetensors"))
-    return directory, (w13_packed, w13_scale, w2_packed, w2_scale), gate, bias
+    return (w13_packed, w13_scale, w2_packed, w2_scale), gate, bias
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("k3_small")
+    return (directory, *write_checkpoint(directory))
 
 
 def test_loader_reads_what_was_written(checkpoint):
@@ -72,7 +78,8 @@ def test_loader_reads_what_was_written(checkpoint):
 def test_int_arguments_past_int32_are_errors_not_wrapped(checkpoint, method, args, name):
     """2^32 + 1 must not wrap to 1 (a silently different layer or EP size)."""
     ckpt = torch.classes.k3moe.Checkpoint(str(checkpoint[0]))
-    with pytest.raises(RuntimeError, match=f"{method}: {name} is out of range"):
+    with pytest.raises(RuntimeError, match=rf"{method}: {name} is out of range: must fit in a 32-bit int "
+                                           rf"\[-2147483648, 2147483647\], got {max(args)}"):
         getattr(ckpt, method)(*args)
 
 
@@ -82,6 +89,20 @@ def test_kernel_layout_equals_prepare(checkpoint):
     rank1 = [t[8:].contiguous() for t in raw]
     for got, want in zip(ckpt.load_kernel_layout(LAYER, 2, 1), k3moe.prepare_experts(*rank1)):
         assert torch.equal(got, want)
+
+
+def test_kernel_layout_the_dimensions_cannot_hold_is_an_error(tmp_path):
+    """I = 64 is a valid checkpoint, but the kernel layout needs multiples of 128 (its layout step
+    checked only 64, and wrote past its buffers: a segfault)."""
+    write_checkpoint(tmp_path, intermediate=64)
+    ckpt = torch.classes.k3moe.Checkpoint(str(tmp_path))
+    assert ckpt.load_experts(LAYER, 1, 0)[0].shape == (E, 128, H // 2)
+    message = (r"load_kernel_layout: .*the kernel layout needs H and I to be multiples of 128 \(it stores K in "
+               rf"chunks of 128\), got H = {H}, I = 64")
+    with pytest.raises(RuntimeError, match=message):
+        ckpt.load_kernel_layout(LAYER, 1, 0)
+    with pytest.raises(RuntimeError, match=message):
+        k3moe.nn.KimiK3RoutedExperts.from_checkpoint(tmp_path, LAYER, device="cpu")
 
 
 def test_from_checkpoint_on_cpu_keeps_tensors(checkpoint):

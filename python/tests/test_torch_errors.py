@@ -58,10 +58,31 @@ def test_prepare_wrong_shape_is_named(index, name):
     expect_error(rf"k3moe\.prepare_experts: {name} must be \[2, ", k3moe.prepare_experts, *raw)
 
 
-def test_prepare_w13_packed_rank_is_named():
-    raw = cpu_raw()
+@pytest.mark.parametrize("device", ["cpu", "meta"])  # meta: the fake implementation, as torch.compile traces
+def test_prepare_w13_packed_rank_is_named(device):
+    raw = [t.to(device) for t in cpu_raw()]
     raw[0] = raw[0].flatten(1)
-    expect_error(r"k3moe\.prepare_experts: w13_packed must be \[E, 2I, H/2\] uint8", k3moe.prepare_experts, *raw)
+    expect_error(r"k3moe\.prepare_experts: w13_packed must be \[E, 2I, H/2\]", k3moe.prepare_experts, *raw)
+
+
+def test_prepare_takes_any_strides_and_alignment():
+    """prepare_experts copies to the host, so it takes tensors as an engine's loader gives them:
+    safetensors' load_file puts them at any byte offset of the file."""
+    raw = cpu_raw()
+    expected = k3moe.prepare_experts(*raw)
+
+    def at_odd_address(t):
+        flat = torch.empty(t.numel() + 1, dtype=t.dtype)
+        return flat[1:].view(t.shape).copy_(t)
+
+    def strided(t):
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+    for layout in (at_odd_address, strided):
+        inputs = [layout(t) for t in raw]
+        assert torch.equal(inputs[0], raw[0])
+        for got, want in zip(k3moe.prepare_experts(*inputs), expected):
+            assert torch.equal(got, want), layout.__name__
 
 
 def test_prepare_library_error_comes_through():
@@ -73,10 +94,18 @@ def test_prepare_library_error_comes_through():
     assert re.search(r"\[.*device_experts\.cu:\d+\]", message), f"no library location in: {message}"
 
 
+@pytest.mark.parametrize("hidden, intermediate", [(96, 128), (128, 64), (64, 128), (192, 128), (128, 320)])
+def test_prepare_dimensions_the_kernel_layout_cannot_hold_are_named(hidden, intermediate):
+    """H and I must be multiples of 128 (the layout step checked only 64, and wrote past its
+    buffers for the rest: a segfault or a corrupted heap)."""
+    raw = cpu_raw(hidden=hidden, intermediate=intermediate)
+    expect_error(r"k3moe\.prepare_experts: .*the kernel layout needs H and I to be multiples of 128 \(it stores K in "
+                 rf"chunks of 128\), got H = {hidden}, I = {intermediate}", k3moe.prepare_experts, *raw)
+
+
 def test_prepare_bad_dimensions_are_the_library_error():
-    raw = cpu_raw(hidden=96)  # H not a multiple of 64
-    message = expect_error(r"k3moe\.prepare_experts: .*multiples? of 64", k3moe.prepare_experts, *raw)
-    assert "96" in message
+    raw = cpu_raw(num_local=0)
+    expect_error(r"k3moe\.prepare_experts: .*num_experts must be >= 1, got 0", k3moe.prepare_experts, *raw)
 
 
 def test_prepare_devices_must_agree_named():
@@ -89,6 +118,14 @@ def test_prepare_devices_must_agree_named():
 
 def test_checkpoint_error_comes_through(tmp_path):
     expect_error(r"k3moe\.Checkpoint: .*", torch.classes.k3moe.Checkpoint, str(tmp_path / "absent"))
+
+
+def test_library_error_quoting_undecodable_bytes_is_a_runtime_error(tmp_path):
+    """The library's message quotes the file's byte 0xff: it comes through as \\xff in a
+    RuntimeError, not as a UnicodeDecodeError."""
+    (tmp_path / "config.json").write_bytes(b'{"text_config": {"hidden_act": "\xff"}}')
+    expect_error(r"k3moe\.Checkpoint: .*config\.json: not valid JSON: .*\\xff", torch.classes.k3moe.Checkpoint,
+                 str(tmp_path))
 
 
 # --------------------------------------------------------------------------------- on the GPU
