@@ -92,6 +92,17 @@ class KimiK3RoutedExperts(torch.nn.Module):
         c = self.config
         return route(router_logits, bias, c.top_k, c.renormalize, c.routed_scaling_factor)
 
+    def _apply(self, fn, recurse=True):
+        # module.to(torch.bfloat16) or .half() would convert the router bias too: routing takes it
+        # as fp32, and a rounded bias can change which experts are chosen. It keeps its dtype and
+        # values and follows the module's device.
+        bias = self.router_bias
+        result = super()._apply(fn, recurse)
+        moved = self.router_bias
+        if bias is not None and moved is not None and moved.dtype != bias.dtype:
+            self.router_bias = bias.to(device=moved.device)
+        return result
+
     def warmup(self) -> None:
         """Runs the ops once with zero tokens on the module's device, which creates their plans (a
         plan cannot be created during CUDA graph capture)."""

@@ -116,6 +116,20 @@ def test_from_checkpoint_on_cpu_keeps_tensors(checkpoint):
         assert torch.equal(got, want)
 
 
+def test_dtype_conversion_keeps_the_router_bias_fp32(checkpoint):
+    """An engine's model.to(torch.bfloat16) must not round the bias routing takes as fp32."""
+    directory, raw, _, bias = checkpoint
+    module = k3moe.nn.KimiK3RoutedExperts.from_checkpoint(directory, LAYER, device="cpu")
+    codes = module.w13_codes
+    assert bias.dtype == torch.float32 and not torch.equal(bias, bias.bfloat16().float())
+    for convert in (lambda m: m.to(torch.bfloat16), lambda m: m.half(), lambda m: m.double(),
+                    lambda m: m.to("cpu", torch.bfloat16)):
+        convert(module)
+        assert module.router_bias.dtype == torch.float32 and torch.equal(module.router_bias, bias)
+        assert module.w13_codes is codes
+    assert "router_bias" in module.state_dict()
+
+
 @pytest.mark.hopper
 def test_from_checkpoint_forward(checkpoint):
     directory, raw, _, bias = checkpoint
