@@ -71,7 +71,10 @@ def _prepare_experts_fake(w13_packed, w13_scale, w2_packed, w2_scale):
 
 @torch.library.register_fake("k3moe::route")
 def _route_fake(router_logits, router_bias, top_k, renormalize=True, routed_scaling_factor=1.0):
-    T = router_logits.shape[0]
+    torch._check(router_logits.dim() == 2,
+                 lambda: f"k3moe.route: router_logits must be [T, E], got {tuple(router_logits.shape)}")
+    T, E = router_logits.shape
+    torch._check(1 <= top_k <= E, lambda: f"k3moe.route: top_k must be in [1, num_experts = {E}], got {top_k}")
     return (router_logits.new_empty((T, top_k), dtype=torch.int32),
             router_logits.new_empty((T, top_k), dtype=torch.float32))
 

@@ -65,6 +65,17 @@ def test_prepare_w13_packed_rank_is_named(device):
     expect_error(r"k3moe\.prepare_experts: w13_packed must be \[E, 2I, H/2\]", k3moe.prepare_experts, *raw)
 
 
+@pytest.mark.parametrize("shape, top_k, message", [
+    ((T, 16), 0, r"top_k must be in \[1, num_experts = 16\], got 0"),
+    ((T, 16), 17, r"top_k must be in \[1, num_experts = 16\], got 17"),
+    ((16,), 4, r"router_logits must be \[T, E\], got \(16,\)"),
+])
+def test_route_fake_names_what_is_wrong(shape, top_k, message):
+    """The fake route (what torch.compile traces, on meta tensors) names the argument."""
+    logits, bias = torch.empty(shape, device="meta"), torch.empty(16, device="meta")
+    expect_error(r"k3moe\.route: " + message, k3moe.route, logits, bias, top_k)
+
+
 def test_prepare_takes_any_strides_and_alignment():
     """prepare_experts copies to the host, so it takes tensors as an engine's loader gives them:
     safetensors' load_file puts them at any byte offset of the file."""
