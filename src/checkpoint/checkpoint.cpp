@@ -115,7 +115,7 @@ struct Checkpoint::Impl {
   std::vector<std::string> shards;                 // file names, sorted
   std::unordered_map<std::string, int> weight_map;  // tensor -> index into shards
   std::vector<int> layers;
-  std::map<int, int> max_expert;  // per layer, the largest expert id named in the index
+  std::map<int, std::set<int>> named_experts;  // per layer, the expert ids the index names
 
   mutable std::mutex mutex;
   mutable std::map<int, std::unique_ptr<SafetensorsFile>> opened;
@@ -221,8 +221,7 @@ void Checkpoint::Impl::resolve_prefix() {
     K3MOE_CHECK(parsed->prefix == prefix, index_label, ": expert tensors disagree on the name prefix: ",
                 first_name, " has '", prefix, "', ", name, " has '", parsed->prefix, "'");
     layer_set.insert(parsed->layer);
-    int& most = max_expert[parsed->layer];
-    most = std::max(most, parsed->expert);
+    named_experts[parsed->layer].insert(parsed->expert);
   }
   K3MOE_CHECK(!first_name.empty(), index_label,
               ": no routed-expert tensors (named {prefix}layers.{L}.mlp.experts.{e}.w1.weight_packed and so on)");
@@ -416,7 +415,8 @@ std::vector<std::string> Checkpoint::validate(std::optional<int> layer) const {
       add(impl_->index_label + ": layer " + std::to_string(l) + " has expert tensors, but config.json makes " +
           "it a dense layer (num_hidden_layers " + std::to_string(c.num_layers) + ", first_k_dense_replace " +
           std::to_string(c.first_k_dense_replace) + ", moe_layer_freq " + std::to_string(c.moe_layer_freq) + ")");
-    const int named = impl_->max_expert.at(l) + 1;  // every layer listed names an expert
+    const std::set<int>& experts = impl_->named_experts.at(l);  // every layer listed names an expert
+    const int named = *experts.rbegin() + 1;
     if (named > c.num_experts)
       add(impl_->index_label + ": layer " + std::to_string(l) + " names expert " + std::to_string(named - 1) +
           ", but num_experts is " + std::to_string(c.num_experts));
@@ -425,9 +425,18 @@ std::vector<std::string> Checkpoint::validate(std::optional<int> layer) const {
       add(impl_->index_label + ": layer " + std::to_string(l) + " names experts up to " + std::to_string(named - 1) +
           ", but num_experts is " + std::to_string(c.num_experts) + ": experts " + std::to_string(named) + ".." +
           std::to_string(c.num_experts - 1) + " have no tensors");
-    for (int expert = 0; expert < std::min(named, c.num_experts); ++expert)
+    // Experts the index names no tensor of are one line per gap, and only the experts it names are
+    // checked name by name: the work is bounded by the index, not by the largest id in it.
+    int next = 0;
+    for (int expert : experts) {
+      if (expert >= c.num_experts) break;
+      if (expert > next)
+        add(impl_->index_label + ": layer " + std::to_string(l) + " names no tensor of expert" +
+            (expert - 1 > next ? "s " + std::to_string(next) + ".." : " ") + std::to_string(expert - 1));
       for (const ExpertPart& p : kExpertParts)
         check(expert_tensor_name(l, expert, p.which, p.part), {Dtype::U8}, expected_shape(c, p));
+      next = expert + 1;
+    }
     check(impl_->router_name(l, "weight"), {Dtype::BF16, Dtype::F32}, {c.num_experts, c.model_hidden});
     check(impl_->router_name(l, "e_score_correction_bias"), {Dtype::BF16, Dtype::F32}, {c.num_experts});
   }

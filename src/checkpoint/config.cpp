@@ -339,10 +339,13 @@ bool MoeConfig::is_moe_layer(int layer) const {
          layer % moe_layer_freq == 0;
 }
 
+// The smallest multiple of moe_layer_freq at or above first_k_dense_replace, if below num_layers
+// (computed in int64: rounding up near 2^31 would wrap in int).
 int MoeConfig::first_moe_layer() const {
-  for (int layer = std::max(first_k_dense_replace, 0); layer < num_layers; ++layer)
-    if (is_moe_layer(layer)) return layer;
-  return -1;
+  if (moe_layer_freq <= 0) return -1;
+  const int64_t from = std::max(first_k_dense_replace, 0);
+  const int64_t layer = (from + moe_layer_freq - 1) / moe_layer_freq * moe_layer_freq;
+  return layer < num_layers ? int(layer) : -1;
 }
 
 int64_t MoeConfig::w13_bytes() const {

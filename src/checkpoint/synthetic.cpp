@@ -10,6 +10,7 @@
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -160,6 +161,23 @@ void check_spec(const SyntheticSpec& spec) {
   K3MOE_CHECK(spec.threads >= 0, "synthetic checkpoint: threads must be >= 0, got ", spec.threads);
 }
 
+// Starts `count` threads running `work` into `pool`. When the system refuses one, calls `stop`
+// (after which every `work` returns), joins those started and throws k3moe::Error: a joinable
+// std::thread destroyed by the unwinding would end the process.
+template <class Work, class Stop>
+void start_threads(std::vector<std::thread>& pool, int count, Work work, Stop stop) {
+  try {
+    for (int t = 0; t < count; ++t) pool.emplace_back(work);
+  } catch (const std::system_error& e) {
+    const size_t started = pool.size();
+    stop();
+    for (std::thread& t : pool) t.join();
+    pool.clear();
+    K3MOE_FAIL("synthetic checkpoint: the system refused generator thread ", started + 1, " of ", count, " (",
+               e.what(), "); SyntheticSpec::threads sets fewer");
+  }
+}
+
 // Runs fn(i) for i in [0, n) on `threads` threads (the caller's included), in any order.
 template <class Fn>
 void parallel_for(int n, int threads, Fn&& fn) {
@@ -178,7 +196,7 @@ void parallel_for(int n, int threads, Fn&& fn) {
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < std::min(threads, n); ++t) pool.emplace_back(work);
+  start_threads(pool, std::min(threads, n) - 1, work, [&] { next = n; });
   work();
   for (std::thread& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
@@ -228,18 +246,16 @@ std::vector<uint8_t> bf16_bytes(const std::vector<float>& values) {
 // order, so the disk and the cores stay busy together and memory stays bounded.
 class ExpertPipeline {
  public:
+  // Workers beyond the number of jobs would have nothing to do, and each has a ring slot.
   ExpertPipeline(const SyntheticSpec& spec, const std::vector<Job>& jobs, int threads)
       : spec_(spec), jobs_(jobs) {
-    const size_t ring = size_t(threads) + 2;
+    const int workers = int(std::min<int64_t>(threads, int64_t(jobs.size())));
+    const size_t ring = size_t(workers) + 2;
     for (size_t i = 0; i < ring; ++i) slots_.push_back({ExpertBuffers(spec.config), -1});
-    for (int t = 0; t < threads; ++t) workers_.emplace_back([this] { work(); });
+    start_threads(workers_, workers, [this] { work(); }, [this] { stop(); });
   }
   ~ExpertPipeline() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    changed_.notify_all();
+    stop();
     for (std::thread& t : workers_) t.join();
   }
 
@@ -264,6 +280,14 @@ class ExpertPipeline {
     ExpertBuffers buffers;
     int64_t ready_job;
   };
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+  }
 
   void work() {
     std::vector<float> scratch;

@@ -3,6 +3,9 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint_test_util.h"
@@ -302,6 +305,35 @@ TEST(Config, MoeLayers) {
   EXPECT_EQ(c.first_moe_layer(), 4);
   EXPECT_FALSE(c.is_moe_layer(5));
   EXPECT_TRUE(c.is_moe_layer(6));
+}
+
+TEST(Config, FirstMoeLayerOfHugeLayerCounts) {
+  // config.json bounds none of these below 2^31: the first MoE layer is computed, not searched for
+  // (a search took seconds per validate() here).
+  constexpr int kMax = std::numeric_limits<int>::max();
+  MoeConfig c = testing::small_config();
+  c.num_layers = kMax;
+  c.first_k_dense_replace = 1;
+  c.moe_layer_freq = 1 << 30;
+  const auto start = std::chrono::steady_clock::now();
+  c.validate();
+  EXPECT_EQ(c.first_moe_layer(), 1 << 30);
+  c.moe_layer_freq = kMax;  // its multiples: layer 0 (dense) and 2^31 - 1 (not below num_layers)
+  EXPECT_EQ(c.first_moe_layer(), -1);
+  expect_error([&] { c.validate(); }, {"no MoE layer", "moe_layer_freq = 2147483647"});
+  c.first_k_dense_replace = 0;
+  EXPECT_EQ(c.first_moe_layer(), 0);
+  c.first_k_dense_replace = kMax - 1;
+  c.moe_layer_freq = 1;
+  EXPECT_EQ(c.first_moe_layer(), kMax - 1);
+  c.moe_layer_freq = 2;  // kMax - 1 is even
+  EXPECT_EQ(c.first_moe_layer(), kMax - 1);
+  c.first_k_dense_replace = 3;
+  c.moe_layer_freq = kMax - 1;
+  EXPECT_EQ(c.first_moe_layer(), kMax - 1);
+  c.num_layers = kMax - 1;
+  EXPECT_EQ(c.first_moe_layer(), -1);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2.0);
 }
 
 TEST(Config, ExpertParallel) {

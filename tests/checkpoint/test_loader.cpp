@@ -242,6 +242,37 @@ TEST_F(Loader, MoreExpertsInTheConfigThanInTheFilesFailBeforeAnyAllocation) {
   EXPECT_LE(problems.size(), 6u) << "per layer: the missing experts and the two router tensors' shapes";
 }
 
+TEST_F(Loader, ValidateNamesGapsOfMissingExpertsOnceEach) {
+  TempDir copy("validate-gaps");
+  fs::copy(dir(), copy.path(), fs::copy_options::recursive);
+  // Layer 1 loses every tensor of experts 5 and 6 and of expert 9; layer 2 gains one name of expert
+  // 4,000,000 (of 2^22): checked by name, the experts between would be 24 million lookups.
+  testing::edit_json_file(copy.path() / "model.safetensors.index.json", [](nlohmann::json& j) {
+    nlohmann::json& map = j["weight_map"];
+    for (auto it = map.begin(); it != map.end();) {
+      const std::string& name = it.key();
+      const bool gone = name.find("layers.1.mlp.experts.5.") != std::string::npos ||
+                        name.find("layers.1.mlp.experts.6.") != std::string::npos ||
+                        name.find("layers.1.mlp.experts.9.") != std::string::npos;
+      it = gone ? map.erase(it) : std::next(it);
+    }
+    map["model.layers.2.mlp.experts.4000000.w1.weight_packed"] = map["model.layers.2.mlp.experts.0.w1.weight_packed"];
+  });
+  testing::edit_json_file(copy.path() / "config.json",
+                          [](nlohmann::json& j) { j["text_config"]["num_experts"] = 1 << 22; });
+  const auto problems = Checkpoint::open(copy.path()).validate();
+  auto count = [&](const std::string& needle) {
+    return std::count_if(problems.begin(), problems.end(),
+                         [&](const std::string& p) { return p.find(needle) != std::string::npos; });
+  };
+  EXPECT_EQ(count("layer 1 names no tensor of experts 5..6"), 1);
+  EXPECT_EQ(count("layer 1 names no tensor of expert 9"), 1);
+  EXPECT_EQ(count("layer 2 names no tensor of experts 32..3999999"), 1);
+  EXPECT_EQ(count("layers.2.mlp.experts.4000000.w3.weight_packed"), 1) << "the named expert's missing parts";
+  EXPECT_EQ(count("experts.5."), 0) << "a gap is one line, not six per expert";
+  EXPECT_LT(problems.size(), 20u);
+}
+
 TEST_F(Loader, ValidateListsAHundredProblemsThenCountsTheRest) {
   TempDir copy("validate-many");
   fs::copy(dir(), copy.path(), fs::copy_options::recursive);
@@ -355,6 +386,27 @@ TEST(Synthetic, SameBytesWhateverTheThreadCount) {
   const RankExperts all = synthesize_experts(spec, 1, {1, 0});
   EXPECT_TRUE(std::equal(one.w2_scale.begin(), one.w2_scale.end(), all.w2_scale.begin()));
   EXPECT_EQ(all.bytes_read, 0u);
+}
+
+// More threads than experts to generate: the surplus has no work, and is not started (65536
+// threads are more than Linux's default map count lets a process start).
+TEST(Synthetic, ThreadsBeyondTheExperts) {
+  SyntheticSpec spec = reduced_spec();
+  spec.config.hidden = spec.config.intermediate = 64;
+  spec.config.num_experts = 2;
+  spec.config.top_k = 1;
+  spec.layers = {1};
+  spec.num_shards = 1;
+  spec.threads = 1 << 16;
+  const TempDir dir("threads");
+  write_synthetic_checkpoint(dir.path(), spec);
+  const RankExperts generated = synthesize_experts(spec, 1, {1, 0});
+  spec.threads = 1;
+  const RankExperts one = synthesize_experts(spec, 1, {1, 0});
+  expect_same_experts(generated, one, "65536 threads vs 1, generated");
+  const Checkpoint ckpt = Checkpoint::open(dir.path());
+  EXPECT_TRUE(ckpt.validate().empty());
+  expect_same_experts(ckpt.load_experts(1, {1, 0}), one, "65536 threads vs 1, written");
 }
 
 // Per-row sd in [0.5, 2]/sqrt(fan_in) and normal values: group scales spread over several binades
