@@ -67,6 +67,9 @@ std::shared_ptr<Experts> experts_for(const Case& c, ExpertParallel ep) {
   spec.config = c.config;
   spec.seed = c.seed;
   RankExperts host = synthesize_experts(spec, c.config.first_moe_layer(), ep);
+  K3MOE_CHECK(c.poison != Poison::NanWeightScale || host.num_local >= 2,
+              "validation: the NaN weight scale goes to the rank's second expert; the case's rank holds ",
+              host.num_local);
   if (c.poison == Poison::NanWeightScale)
     host.w13_scale[int64_t(2 * c.config.intermediate + 3) * (c.config.hidden / 32)] = kE8M0NaN;
   if (c.poison == Poison::ExtremeScales) {
@@ -111,6 +114,13 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   }
   if (c.poison == Poison::InfX && T > 0) in.x[7] = float_to_bf16_bits(INFINITY);
 
+  // What each routing kind draws from (the built-in matrix meets it; another case is an error,
+  // not a hang or a remote id taken for a local one).
+  K3MOE_CHECK(c.routing != RoutingKind::EmptyExperts || K <= (E + 1) / 2, "validation: empty-expert routing "
+              "takes K = ", K, " distinct even ids, E = ", E, " has ", (E + 1) / 2);
+  K3MOE_CHECK((c.routing != RoutingKind::Skewed && c.routing != RoutingKind::Duplicate) || c.ep.num_local(E) >= 2,
+              "validation: skewed and duplicate routing use the rank's first two experts; the case's rank holds ",
+              c.ep.num_local(E));
   Routing r;
   r.tokens = T;
   r.top_k = K;
