@@ -19,9 +19,9 @@ void check_matrix(std::span<const float> values, int rows, int cols, int group, 
               " values for [", rows, ", ", cols, "], got ", values.size());
 }
 
-float group_amax(const float* values, int n) {
+float group_amax(const float* values, int64_t n) {
   float amax = 0.0f;
-  for (int i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     const float a = abs_f(values[i]);
     if (!is_finite(a)) return a;  // NaN or Inf decides the scale
     amax = std::max(amax, a);
@@ -68,7 +68,7 @@ Nvfp4Matrix quantize_nvfp4(std::span<const float> values, int rows, int cols) {
   check_matrix(values, rows, cols, kNvGroup, "quantize_nvfp4");
   Nvfp4Matrix m{rows, cols, std::vector<uint8_t>(size_t(rows) * cols / 2),
                 std::vector<uint8_t>(size_t(rows) * cols / kNvGroup), 1.0f};
-  const float amax = values.empty() ? 0.0f : group_amax(values.data(), int(values.size()));
+  const float amax = values.empty() ? 0.0f : group_amax(values.data(), int64_t(values.size()));
   K3MOE_CHECK(is_finite(amax), "quantize_nvfp4: the tensor holds NaN or Inf (NVFP4 has no NaN scale)");
   if (amax > 0.0f) m.global_scale = amax / (kE4M3Max * kE2M1Max);
   for (int64_t g = 0; g < int64_t(rows) * cols / kNvGroup; ++g) {
