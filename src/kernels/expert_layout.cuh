@@ -44,6 +44,7 @@ inline constexpr int kBlockCodeBytes = kBlockRows * kBlockK / 2;  // 512
 inline constexpr int kBlockScaleBytes = kBlockRows * kBlockK / 32;  // 32
 inline constexpr int kGroupRowBlocks = 16;  // 256 rows
 inline constexpr int kChunkBlocks = 2;      // 128 of K; K must be a multiple of 128
+inline constexpr int kChunkK = kBlockK * kChunkBlocks;  // K must be a multiple of this
 inline constexpr uint8_t kMaxScale = 128;  // largest E8M0 byte the bf16 multiplier can hold
 inline constexpr uint32_t kWidenMask = 0x81C081C0u;      // bf16 bits 6..8 and 15 of both halves
 inline constexpr uint32_t kWidenMaskShl2 = 0x80C080C0u;  // pair 3: m0, e0 and sign from w << 2

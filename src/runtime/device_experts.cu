@@ -87,13 +87,12 @@ void for_each_expert(int num_local, Fn fn) {
     if (err) std::rethrow_exception(err);
 }
 
-// The layout stores K (H for W13, I for W2) in chunks of kChunkBlocks k-blocks: any other K would
-// index past the buffers.
+// The layout stores K (H for W13, I for W2) in chunks of kChunkK: any other K would index past
+// the buffers.
 void check_layout_dimensions(const MoeConfig& c) {
-  constexpr int kChunkK = layout::kBlockK * layout::kChunkBlocks;
-  K3MOE_CHECK(c.hidden % kChunkK == 0 && c.intermediate % kChunkK == 0, "the kernel layout needs H and I to be "
-              "multiples of ", kChunkK, " (it stores K in chunks of ", kChunkK, "), got H = ", c.hidden, ", I = ",
-              c.intermediate);
+  K3MOE_CHECK(c.hidden % layout::kChunkK == 0 && c.intermediate % layout::kChunkK == 0, "the kernel layout needs H "
+              "and I to be multiples of ", layout::kChunkK, " (it stores K in chunks of ", layout::kChunkK,
+              "), got H = ", c.hidden, ", I = ", c.intermediate);
 }
 
 }  // namespace
