@@ -180,8 +180,13 @@ def forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     the current stream, no host synchronisation."""
     w13_codes, w13_scales, w2_codes, w2_scales = experts
     if out is None:
-        return torch.ops.k3moe.forward.default(x, topk_ids, topk_weights, w13_codes, w13_scales, w2_codes,
-                                               w2_scales, *config.op_args, x_scales)
-    torch.ops.k3moe.forward_out.default(x, topk_ids, topk_weights, w13_codes, w13_scales, w2_codes, w2_scales,
-                                        *config.op_args, x_scales, out=out)
+        return _FORWARD(x, topk_ids, topk_weights, w13_codes, w13_scales, w2_codes, w2_scales, *config.op_args,
+                        x_scales)
+    _FORWARD_OUT(x, topk_ids, topk_weights, w13_codes, w13_scales, w2_codes, w2_scales, *config.op_args, x_scales,
+                 out=out)
     return out
+
+
+# The overloads, looked up once rather than through torch.ops at every call.
+_FORWARD = torch.ops.k3moe.forward.default
+_FORWARD_OUT = torch.ops.k3moe.forward_out.default

@@ -45,14 +45,18 @@ class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
     K3MOE_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) K3MOE_CUDA_CHECK(cudaSetDevice(device));
+    changed_ = previous_ != device;
+    if (changed_) K3MOE_CUDA_CHECK(cudaSetDevice(device));
   }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+  ~DeviceGuard() {
+    if (changed_) cudaSetDevice(previous_);
+  }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
   int previous_ = 0;
+  bool changed_ = false;
 };
 
 }  // namespace k3moe
