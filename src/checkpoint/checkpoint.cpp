@@ -8,7 +8,6 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <thread>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +16,7 @@
 #include "k3moe/error.h"
 #include "k3moe/formats.h"
 #include "k3moe/safetensors.h"
+#include "runtime/worker_threads.h"
 
 namespace k3moe {
 namespace {
@@ -304,30 +304,14 @@ RankExperts Checkpoint::load_experts(int layer, ExpertParallel ep, const Progres
 
   // NOTE: a few experts in flight at once keep several reads queued on the device; one thread
   // waiting on each tensor's page faults reads at a fraction of the disk's speed.
-  std::atomic<int> next{0};
   std::atomic<uint64_t> bytes{0};
   std::mutex mutex;
   int done = 0;
-  std::map<int, std::exception_ptr> failures;  // by expert: the lowest is what a serial load hits
-  auto work = [&] {
-    for (int local = next++; local < r.num_local; local = next++) {
-      try {
-        bytes += load_one(local);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        failures.emplace(local, std::current_exception());
-        next = r.num_local;
-        return;
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      report(progress, "load experts", ++done, r.num_local);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min(kLoadThreads, r.num_local); ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  if (!failures.empty()) std::rethrow_exception(failures.begin()->second);
+  parallel_for(r.num_local, kLoadThreads, "checkpoint loader", [&](int64_t local) {
+    bytes += load_one(int(local));
+    std::lock_guard<std::mutex> lock(mutex);
+    report(progress, "load experts", ++done, r.num_local);
+  });
   r.bytes_read = bytes;
   return r;
 }

@@ -19,6 +19,7 @@
 #include "k3moe/error.h"
 #include "k3moe/formats.h"
 #include "k3moe/safetensors.h"
+#include "runtime/worker_threads.h"
 
 namespace k3moe {
 namespace {
@@ -137,6 +138,8 @@ void generate_expert(const SyntheticSpec& spec, int layer, int expert, const Exp
                  out.w2_packed + int64_t(n) * (I / 2), out.w2_scale + int64_t(n) * (I / 32));
 }
 
+constexpr const char* kThreadsWhat = "synthetic checkpoint (SyntheticSpec::threads sets fewer threads)";
+
 int thread_count(const SyntheticSpec& spec) {
   if (spec.threads > 0) return spec.threads;
   return std::max(1, int(std::thread::hardware_concurrency()));
@@ -159,47 +162,6 @@ void check_spec(const SyntheticSpec& spec) {
               "synthetic checkpoint: num_shards must be in [1, num_experts = ", spec.config.num_experts, "], got ",
               spec.num_shards);
   K3MOE_CHECK(spec.threads >= 0, "synthetic checkpoint: threads must be >= 0, got ", spec.threads);
-}
-
-// Starts `count` threads running `work` into `pool`. When the system refuses one, calls `stop`
-// (after which every `work` returns), joins those started and throws k3moe::Error: a joinable
-// std::thread destroyed by the unwinding would end the process.
-template <class Work, class Stop>
-void start_threads(std::vector<std::thread>& pool, int count, Work work, Stop stop) {
-  try {
-    for (int t = 0; t < count; ++t) pool.emplace_back(work);
-  } catch (const std::system_error& e) {
-    const size_t started = pool.size();
-    stop();
-    for (std::thread& t : pool) t.join();
-    pool.clear();
-    K3MOE_FAIL("synthetic checkpoint: the system refused generator thread ", started + 1, " of ", count, " (",
-               e.what(), "); SyntheticSpec::threads sets fewer");
-  }
-}
-
-// Runs fn(i) for i in [0, n) on `threads` threads (the caller's included), in any order.
-template <class Fn>
-void parallel_for(int n, int threads, Fn&& fn) {
-  std::atomic<int> next{0};
-  std::exception_ptr failure;
-  std::mutex failure_mutex;
-  auto work = [&] {
-    for (int i = next++; i < n; i = next++) {
-      try {
-        fn(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(failure_mutex);
-        if (!failure) failure = std::current_exception();
-        next = n;
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  start_threads(pool, std::min(threads, n) - 1, work, [&] { next = n; });
-  work();
-  for (std::thread& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
 }
 
 // ------------------------------------------------------------------ the files
@@ -252,7 +214,7 @@ class ExpertPipeline {
     const int workers = int(std::min<int64_t>(threads, int64_t(jobs.size())));
     const size_t ring = size_t(workers) + 2;
     for (size_t i = 0; i < ring; ++i) slots_.push_back({ExpertBuffers(spec.config), -1});
-    start_threads(workers_, workers, [this] { work(); }, [this] { stop(); });
+    start_threads(workers_, workers, kThreadsWhat, [this] { work(); }, [this] { stop(); });
   }
   ~ExpertPipeline() {
     stop();
@@ -416,13 +378,13 @@ RankExperts synthesize_experts(const SyntheticSpec& spec, int layer, ExpertParal
   const int64_t w13_rows = 2 * int64_t(c.intermediate), w2_rows = c.hidden;
   std::mutex progress_mutex;
   int64_t done = 0;
-  parallel_for(r.num_local, thread_count(spec), [&](int local) {
+  parallel_for(r.num_local, thread_count(spec), kThreadsWhat, [&](int64_t local) {
     thread_local std::vector<float> scratch;
     const ExpertView view{r.w13_packed.data() + local * w13_rows * (c.hidden / 2),
                           r.w13_scale.data() + local * w13_rows * (c.hidden / 32),
                           r.w2_packed.data() + local * w2_rows * (c.intermediate / 2),
                           r.w2_scale.data() + local * w2_rows * (c.intermediate / 32)};
-    generate_expert(spec, layer, r.first_expert + local, view, scratch);
+    generate_expert(spec, layer, r.first_expert + int(local), view, scratch);
     std::lock_guard<std::mutex> lock(progress_mutex);
     report(progress, "generate experts", ++done, r.num_local);
   });

@@ -13,7 +13,6 @@
 //   y    = fp32(a . W2^T)
 //   out  = bf16(fp32(sum_k w_k y_k)), the sum in double in slot order
 #include <algorithm>
-#include <atomic>
 #include <thread>
 
 #include "k3moe/activation.h"
@@ -22,6 +21,7 @@
 #include "k3moe/quantize.h"
 #include "k3moe/reference.h"
 #include "forward_internal.h"
+#include "runtime/worker_threads.h"
 
 namespace k3moe {
 namespace {
@@ -39,15 +39,7 @@ void parallel_for(int64_t n, double flops, Fn&& fn) {
     for (int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  std::atomic<int64_t> next{0};
-  auto worker = [&] {
-    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (int w = 1; w < threads; ++w) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
+  k3moe::parallel_for(n, threads, "reference forward", fn);
 }
 
 double dot(const double* a, const double* b, int n) {

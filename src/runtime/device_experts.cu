@@ -11,6 +11,7 @@
 #include "kernels/expert_layout.cuh"
 #include "runtime/device_buffer.h"
 #include "runtime/device_experts_impl.h"
+#include "runtime/worker_threads.h"
 
 namespace k3moe {
 namespace {
@@ -68,23 +69,11 @@ void matrix_from_kernel(const MatrixView& m, const uint8_t* kcodes, const uint8_
   }
 }
 
-// Runs fn(expert) for every local expert on all hardware threads; rethrows the first error.
+// Runs fn(expert) for every local expert on all hardware threads; rethrows the lowest expert's error.
 template <class Fn>
 void for_each_expert(int num_local, Fn fn) {
-  const int threads = std::max(1, std::min<int>(num_local, int(std::thread::hardware_concurrency())));
-  std::vector<std::thread> pool;
-  std::vector<std::exception_ptr> errors(threads);
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&, t] {
-      try {
-        for (int e = t; e < num_local; e += threads) fn(e);
-      } catch (...) {
-        errors[t] = std::current_exception();
-      }
-    });
-  for (auto& th : pool) th.join();
-  for (auto& err : errors)
-    if (err) std::rethrow_exception(err);
+  parallel_for(num_local, int(std::max(1u, std::thread::hardware_concurrency())), "kernel layout",
+               [&](int64_t e) { fn(int(e)); });
 }
 
 // The layout stores K (H for W13, I for W2) in chunks of kChunkK: any other K would index past
