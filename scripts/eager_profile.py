@@ -15,19 +15,7 @@ op's own time (bench/NOTES.md, Session 43, has the figures this gave).
 """
 import argparse
 import sys
-import time
 from pathlib import Path
-
-
-def per_call_us(torch, fn, calls):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def main():
@@ -59,7 +47,7 @@ def main():
     op_args = (x, ids, weights, *experts, *config.op_args)
 
     def timed(label, fn):
-        print(f"{label:<32} {per_call_us(torch, fn, args.calls):8.2f} us")
+        print(f"{label:<32} {cases.per_call_us(fn, args.calls, warmup=50):8.2f} us")
 
     timed("eager forward (by position)", lambda: op(*op_args))
     with torch.inference_mode():

@@ -3,6 +3,8 @@ range), activations and routings, all from a seeded generator."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 # E8M0 scale bytes of the random experts: 2^-17 .. 2^1. The kernel layout takes bytes up to 128
@@ -44,3 +46,16 @@ def random_routing(tokens: int, num_experts: int, top_k: int, seed: int, device=
     ids = torch.where(unused, torch.full_like(ids, -1), ids)
     weights = torch.rand((tokens, top_k), generator=g, device=device, dtype=torch.float32)
     return ids.contiguous(), weights
+
+
+def per_call_us(fn, calls: int, warmup: int = 20) -> float:
+    """fn's launch-to-launch microseconds over `calls` back-to-back calls, after `warmup` calls,
+    the GPU synchronised before and after."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6

@@ -9,7 +9,6 @@ the C++ benchmark's row for the same shape (bench/results, when present) are pri
 import glob
 import json
 import os
-import time
 
 import pytest
 
@@ -25,14 +24,7 @@ CALLS = 300
 
 
 def per_call_us(fn, calls=CALLS):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
+    return cases.per_call_us(fn, calls)
 
 
 def graph_of(fn, repeats=1):

@@ -48,6 +48,18 @@ TEST(DeviceExperts, RoundTripThroughKernelLayout) {
   }
 }
 
+TEST(DeviceExperts, KernelLayoutRoundTripsOnTheHost) {
+  // Host-only: the layout's conversions, whose experts run on the host's worker threads.
+  for (ExpertParallel ep : {ExpertParallel{1, 0}, ExpertParallel{4, 3}}) {
+    const RankExperts host = small_experts(ep);
+    const RankExperts back = from_kernel_layout(to_kernel_layout(host), host.config, host.layer, ep);
+    EXPECT_EQ(back.w13_packed, host.w13_packed);
+    EXPECT_EQ(back.w13_scale, host.w13_scale);
+    EXPECT_EQ(back.w2_packed, host.w2_packed);
+    EXPECT_EQ(back.w2_scale, host.w2_scale);
+  }
+}
+
 TEST(DeviceExperts, KernelLayoutRefusesDimensionsItCannotHold) {
   // Host-only. H or I a multiple of 64 but not of 128 wrote past the layout's buffers.
   for (auto [H, I] : {std::pair{192, 256}, std::pair{256, 320}}) {
