@@ -5,10 +5,10 @@
 //   forward          x, ids, weights, kernel-layout experts -> out          (allocates out)
 //   forward_out      the same into a caller's out                            (returns nothing)
 //
-// route and forward enqueue on the current CUDA stream of the input's device, never synchronise
-// the host, and take their workspace from torch's caching allocator (a graph-private pool during
-// CUDA graph capture), so they can be captured and replayed. Their fake (meta) implementations,
-// for torch.compile, are in k3moe/_ops.py.
+// route and forward enqueue on the current CUDA stream of the input's device and never synchronise
+// the host; forward's workspace is kept per stream or comes from torch's caching allocator (a
+// graph-private pool during CUDA graph capture; stream_workspace.h), so they can be captured and
+// replayed. Their fake (meta) implementations, for torch.compile, are in k3moe/_ops.py.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -25,6 +25,7 @@
 #include "k3moe/experts.h"
 #include "k3moe/plan.h"
 #include "plan_cache.h"
+#include "stream_workspace.h"
 #include "torch_tensors.h"
 
 namespace k3moe::torch_binding {
@@ -191,9 +192,7 @@ at::Tensor run_forward(const char* op, const at::Tensor& x, const std::optional<
         o.config, o.ep, /*layer=*/0, key.device,
         {w.w13_codes.data_ptr<uint8_t>(), w.w13_scales.data_ptr<uint8_t>(), w.w2_codes.data_ptr<uint8_t>(),
          w.w2_scales.data_ptr<uint8_t>()});
-    // NOTE: from torch's caching allocator on the current stream: graph-private memory under
-    // capture, reused right after the forward's kernels in stream order otherwise.
-    const at::Tensor workspace = at::empty({plan.workspace_bytes(tokens)}, x.options().dtype(at::kByte));
+    const StreamWorkspace workspace(plan.workspace_bytes(tokens), device, stream);
     const DLTensor x_dl = borrow(x), ids_dl = borrow(topk_ids), weights_dl = borrow(topk_weights);
     DLTensor out_dl = borrow(out);
     DLTensor scales_dl{};
@@ -206,7 +205,7 @@ at::Tensor run_forward(const char* op, const at::Tensor& x, const std::optional<
     args.topk_ids = &ids_dl;
     args.topk_weights = &weights_dl;
     args.out = &out_dl;
-    plan.forward(experts, args, stream, workspace.data_ptr());
+    plan.forward(experts, args, stream, workspace.data());
   });
   return out;
 }

@@ -1,6 +1,6 @@
 // MoePlan objects for the ops, one per (config, mode, activation, parameters, EP, device), created
 // on first use and kept for the life of the process. Plans are created with max_tokens = 0: they
-// own no workspace (each forward gets one from torch's allocator), so a plan is stateless during
+// own no workspace (each forward brings one: stream_workspace.h), so a plan is stateless during
 // forward() and is shared by every stream and thread.
 #pragma once
 

@@ -3,7 +3,9 @@
 forward. Printed (run pytest with -s, or read the
 `k3moe overhead` lines in the log); asserted: the eager call costs at most 15 us more than the
 graph replay (issue 6). The device time of one forward (a graph of 20 forwards, divided by 20) and
-the C++ benchmark's row for the same shape (bench/results, when present) are printed beside it.
+the C++ benchmark's row for the same shape (bench/results, when present) are printed beside it,
+and an eager torch.add of x (one launch and one allocation), whose cost shows how fast the host
+is: the eager figures are host-bound and move with it (bench/NOTES.md, Session 44).
 """
 
 import glob
@@ -65,6 +67,7 @@ def measure(label, config, experts, ids, mode_note=""):
         return k3moe.forward(x, ids, weights, experts, config)
 
     eager = per_call_us(call_op)
+    one_kernel = per_call_us(lambda: torch.add(x, x))  # the host's speed: one launch, one allocation
     eager_keywords = per_call_us(call_op_keywords)
     eager_api = per_call_us(call_python_api)
     graph = graph_of(call_op)
@@ -73,7 +76,8 @@ def measure(label, config, experts, ids, mode_note=""):
     overhead = eager - replay
     print(f"\nk3moe overhead [{label}] T=1: eager op {eager:.1f} us (config by keyword {eager_keywords:.1f} us, "
           f"k3moe.forward() {eager_api:.1f} us), graph replay {replay:.1f} us, device time {device:.1f} us per "
-          f"forward; eager overhead {overhead:.1f} us (limit {EAGER_OVERHEAD_LIMIT_US}){mode_note}")
+          f"forward; eager overhead {overhead:.1f} us (limit {EAGER_OVERHEAD_LIMIT_US}); eager torch.add on this "
+          f"host {one_kernel:.1f} us{mode_note}")
     return overhead
 
 

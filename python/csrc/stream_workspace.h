@@ -1,0 +1,35 @@
+// The forward's workspace. Outside CUDA graph capture a small workspace (at most
+// kMaxKeptWorkspaceBytes) is kept per (device, stream) and reused by every forward on that stream:
+// stream order serialises its uses, and it saves an allocation and a free per call (~1.5 us of an
+// eager forward's ~30 us on the H200 machine's host; bench/NOTES.md, Session 44). Larger
+// workspaces, and every workspace under capture (the graph's private pool), come from torch's
+// caching allocator per call.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <mutex>
+
+namespace k3moe::torch_binding {
+
+inline constexpr int64_t kMaxKeptWorkspaceBytes = int64_t(16) << 20;
+// Streams that keep a workspace, per process; forwards on further streams allocate per call.
+inline constexpr size_t kMaxKeptWorkspaces = 64;
+
+class StreamWorkspace {
+ public:
+  // At least `bytes` of device memory for one forward enqueued on `stream` (the current stream of
+  // `device`). Hold the object until the forward is enqueued: a kept workspace stays locked, so
+  // that two host threads enqueueing on one stream do not interleave their kernels over it.
+  StreamWorkspace(int64_t bytes, c10::Device device, cudaStream_t stream);
+  void* data() const { return data_; }
+
+ private:
+  at::Tensor allocated_;  // a per-call workspace
+  std::unique_lock<std::mutex> kept_lock_;
+  void* data_ = nullptr;
+};
+
+}  // namespace k3moe::torch_binding

@@ -1,0 +1,93 @@
+"""The forward on many CUDA streams at once. Outside graph capture each stream keeps a workspace
+of its own (python/csrc/stream_workspace.h; up to 64 streams per process, 16 MiB each), and
+forwards on further streams or with larger workspaces allocate one per call: whichever way, the
+outputs equal the same forwards run one at a time, bit for bit (the library is deterministic),
+while the streams' kernels overlap and a stream's workspace grows under forwards in flight."""
+
+import pytest
+
+from k3moe_test_env import require_package
+
+torch, k3moe = require_package()
+import k3moe_torch_cases as cases  # noqa: E402
+
+pytestmark = pytest.mark.hopper
+
+SMALL = dict(num_experts=16, top_k=4, hidden=512, intermediate=256)
+KEPT_STREAMS = 64  # stream_workspace.h's kMaxKeptWorkspaces
+
+
+@pytest.fixture(scope="module")
+def small():
+    config = k3moe.MoeConfig(**SMALL)
+    experts = k3moe.prepare_experts(*cases.random_experts(16, config.hidden, config.intermediate, seed=41))
+    return config, experts
+
+
+def inputs_of(config, tokens, seed):
+    x = cases.random_x(tokens, config.hidden, seed=seed)
+    ids, weights = cases.random_routing(tokens, config.num_experts, config.top_k, seed=seed + 1)
+    return x, ids, weights
+
+
+def alone(config, experts, inputs):
+    """Each forward on the current stream, finished before the next starts."""
+    outs = []
+    for x, ids, weights in inputs:
+        outs.append(k3moe.forward(x, ids, weights, experts, config))
+        torch.cuda.synchronize()
+    return outs
+
+
+def on_streams(config, experts, inputs, streams, rounds=1):
+    """Forward i on streams[i % len(streams)], all enqueued before any is waited for."""
+    current = torch.cuda.current_stream()
+    for s in streams:
+        s.wait_stream(current)  # the inputs are ready
+    outs = [None] * len(inputs)
+    for _ in range(rounds):
+        for i, (x, ids, weights) in enumerate(inputs):
+            with torch.cuda.stream(streams[i % len(streams)]):
+                outs[i] = k3moe.forward(x, ids, weights, experts, config)
+    for s in streams:
+        current.wait_stream(s)
+    torch.cuda.synchronize()
+    return outs
+
+
+def assert_bitwise(got, expected):
+    for i, (g, e) in enumerate(zip(got, expected)):
+        assert (e != 0).any(), f"forward {i}: an all-zero output proves nothing"
+        assert torch.equal(g.view(torch.int16), e.view(torch.int16)), f"forward {i} differs from the same forward alone"
+
+
+def test_streams_at_once_equal_one_at_a_time(small):
+    """Four streams, forwards of 1 to 2,000 tokens: each stream's workspace grows while its earlier
+    forwards are in flight, and the 2,000-token forwards (~20 MiB) allocate per call."""
+    config, experts = small
+    inputs = [inputs_of(config, t, seed=100 + i) for i, t in enumerate([1, 300, 7, 1000, 64, 2000, 128, 1500])]
+    expected = alone(config, experts, inputs)
+    streams = [torch.cuda.Stream() for _ in range(4)]
+    assert_bitwise(on_streams(config, experts, inputs, streams, rounds=3), expected)
+
+
+def distinct_streams(count):
+    """`count` different streams from torch's pools (32 per priority)."""
+    least, greatest = torch.cuda.Stream.priority_range()
+    found = {}
+    for priority in range(least, greatest - 1, -1):
+        for _ in range(32):
+            stream = torch.cuda.Stream(priority=priority)
+            found.setdefault(stream.cuda_stream, stream)
+            if len(found) == count:
+                return list(found.values())
+    pytest.skip(f"torch's stream pools hold {len(found)} distinct streams, this test needs {count}")
+
+
+def test_more_streams_than_keep_a_workspace(small):
+    """70 streams (more than keep a workspace): the ones past the limit allocate per call."""
+    config, experts = small
+    streams = distinct_streams(KEPT_STREAMS + 6)
+    inputs = [inputs_of(config, 16 + i % 5, seed=300 + i) for i in range(len(streams))]
+    expected = alone(config, experts, inputs)
+    assert_bitwise(on_streams(config, experts, inputs, streams), expected)
