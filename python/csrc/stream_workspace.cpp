@@ -38,13 +38,10 @@ KeptWorkspace* kept_workspace(int device, cudaStream_t stream) {
   // NOTE: never destroyed: its tensors would otherwise be freed after torch's CUDA state at exit.
   static auto* kept = new std::map<std::pair<int, cudaStream_t>, std::unique_ptr<KeptWorkspace>>();
   std::lock_guard<std::mutex> lock(mutex);
-  auto [it, inserted] = kept->try_emplace({device, stream});
-  if (inserted) {
-    if (kept->size() > kMaxKeptWorkspaces) {
-      kept->erase(it);
-      return nullptr;
-    }
-    it->second = std::make_unique<KeptWorkspace>();
+  auto it = kept->find({device, stream});
+  if (it == kept->end()) {
+    if (kept->size() >= kMaxKeptWorkspaces) return nullptr;
+    it = kept->emplace(std::pair(device, stream), std::make_unique<KeptWorkspace>()).first;
   }
   return it->second.get();
 }
