@@ -1,10 +1,12 @@
 // k3moe inspect DIR | FILE.safetensors: what a checkpoint holds and whether it is valid.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -26,9 +28,15 @@ struct Options {
   bool json = false;
 };
 
-uint64_t fnv1a64(std::span<const uint8_t> bytes) {
+// FNV-1a over the tensor's bytes, read in pieces of at most 16 MiB (an embedding is gigabytes).
+uint64_t fnv1a64(const SafetensorsFile& file, const TensorInfo& tensor) {
+  std::vector<uint8_t> piece(size_t(std::min<uint64_t>(tensor.nbytes(), 16 << 20)));
   uint64_t h = 0xcbf29ce484222325ull;
-  for (uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
+  for (uint64_t offset = 0; offset < tensor.nbytes(); offset += piece.size()) {
+    const std::span<uint8_t> part(piece.data(), size_t(std::min<uint64_t>(piece.size(), tensor.nbytes() - offset)));
+    file.read(tensor, offset, part);
+    for (uint8_t b : part) h = (h ^ b) * 0x100000001b3ull;
+  }
   return h;
 }
 
@@ -47,7 +55,7 @@ void inspect_file(const Options& o) {
                                 {"dtype", std::string(to_string(t.dtype))},
                                 {"shape", t.shape},
                                 {"data_offsets", {t.begin, t.end}},
-                                {"fnv1a64", hex64(fnv1a64(file.bytes(t)))}});
+                                {"fnv1a64", hex64(fnv1a64(file, t))}});
     std::printf("%s\n", out.dump(1).c_str());
     return;
   }
@@ -58,7 +66,7 @@ void inspect_file(const Options& o) {
     std::printf("  %-60s %-7s %-16s [%llu, %llu)  fnv1a64 %s\n", t.name.c_str(),
                 std::string(to_string(t.dtype)).c_str(), t.shape_string().c_str(),
                 static_cast<unsigned long long>(t.begin), static_cast<unsigned long long>(t.end),
-                hex64(fnv1a64(file.bytes(t))).c_str());
+                hex64(fnv1a64(file, t)).c_str());
 }
 
 std::set<std::string> shard_files(const fs::path& dir) {

@@ -1,4 +1,4 @@
-// safetensors files: a memory-mapped reader that validates everything before handing out a byte,
+// safetensors files: a reader that validates everything before handing out a byte,
 // and a streaming writer (tensors are declared up front, then their bytes written in order, so a
 // multi-gigabyte shard never has to sit in memory).
 //
@@ -39,7 +39,7 @@ struct TensorInfo {
 
 class SafetensorsFile {
  public:
-  // Maps the file and validates the header: length within the file, JSON, known dtypes,
+  // Opens the file (kept open, read with pread) and validates the header: length within the file, JSON, known dtypes,
   // non-negative shapes, offsets inside the data section, size == numel * dtype size (overflow
   // checked), no two tensors overlapping. Every error names the file (and the tensor).
   static SafetensorsFile open(const std::filesystem::path& path);
@@ -57,11 +57,12 @@ class SafetensorsFile {
   // Throws k3moe::Error "<file>: tensor <name> not found".
   const TensorInfo& get(std::string_view name) const;
 
-  // The tensor's bytes, a view into the mapping (valid while this object lives).
-  std::span<const uint8_t> bytes(const TensorInfo& tensor) const;
   // Copies the tensor's bytes into `out` (out.size() must equal the tensor's size) and counts them
-  // in bytes_copied(). Tells the OS beforehand that exactly this range is needed.
+  // in bytes_copied(). Safe to call from several threads at once. A file shorter than it was at
+  // open() (truncated or rewritten in place) throws k3moe::Error naming the file and the tensor.
   void copy_to(const TensorInfo& tensor, std::span<uint8_t> out) const;
+  // The same for bytes [offset, offset + out.size()) of the tensor (a large tensor in pieces).
+  void read(const TensorInfo& tensor, uint64_t offset, std::span<uint8_t> out) const;
   uint64_t bytes_copied() const;
 
   uint64_t file_size() const;

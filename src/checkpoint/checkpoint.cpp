@@ -303,7 +303,7 @@ RankExperts Checkpoint::load_experts(int layer, ExpertParallel ep, const Progres
   };
 
   // NOTE: a few experts in flight at once keep several reads queued on the device; one thread
-  // waiting on each tensor's page faults reads at a fraction of the disk's speed.
+  // waiting on each tensor's read in turn reads at a fraction of the disk's speed.
   std::atomic<uint64_t> bytes{0};
   std::mutex mutex;
   int done = 0;
@@ -323,7 +323,8 @@ Router Checkpoint::load_router(int layer) const {
   const Located b = impl_->locate_checked(impl_->router_name(layer, "e_score_correction_bias"),
                                           {Dtype::BF16, Dtype::F32}, {c.num_experts});
   auto widen = [](const Located& t) {
-    const std::span<const uint8_t> bytes = t.file->bytes(*t.info);
+    std::vector<uint8_t> bytes(size_t(t.info->nbytes()));
+    t.file->copy_to(*t.info, bytes);
     std::vector<float> out(size_t(t.info->numel()));
     for (size_t i = 0; i < out.size(); ++i) {
       if (t.info->dtype == Dtype::BF16) {

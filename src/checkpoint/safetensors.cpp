@@ -1,7 +1,6 @@
 #include "k3moe/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -121,10 +120,9 @@ std::string TensorInfo::shape_string() const { return shape_str(shape); }
 struct SafetensorsFile::Impl {
   std::filesystem::path path;
   std::string label;  // names the file in errors
-  std::vector<uint8_t> owned;
-  void* mapping = nullptr;
-  const uint8_t* base = nullptr;
-  uint64_t size = 0;
+  std::vector<uint8_t> owned;  // from_bytes()'s image
+  int fd = -1;                 // open()'s file, read with pread
+  uint64_t size = 0;           // when opened
   uint64_t data_offset = 0;
   uint64_t data_size = 0;
   std::vector<TensorInfo> tensors;  // by offset
@@ -133,7 +131,7 @@ struct SafetensorsFile::Impl {
   std::atomic<uint64_t> copied{0};
 
   ~Impl() {
-    if (mapping != nullptr) munmap(mapping, size);
+    if (fd >= 0) ::close(fd);
   }
 
   void parse_header();
@@ -142,11 +140,35 @@ struct SafetensorsFile::Impl {
     K3MOE_CHECK(t.begin <= t.end && t.end <= data_size, label, ": tensor '", t.name, "' offsets [", t.begin,
                 ", ", t.end, ") are not inside this file's data section of ", data_size, " bytes");
   }
+  // Bytes [offset, offset + out.size()) of the file; `what` names them in errors. A file that has
+  // shrunk since open() is an error here, where a mapping would have ended the process (SIGBUS).
+  void read_at(uint64_t offset, std::span<uint8_t> out, const std::string& what) const {
+    if (fd < 0) {
+      std::memcpy(out.data(), owned.data() + offset, out.size());
+      return;
+    }
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, off_t(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      K3MOE_CHECK(n >= 0, label, ": reading ", what, " failed at byte ", offset + done, ": ", std::strerror(errno));
+      if (n == 0) {
+        struct stat st {};
+        const std::string now = fstat(fd, &st) == 0 ? std::to_string(st.st_size) : "fewer";
+        K3MOE_FAIL(label, ": the file ends before byte ", offset + out.size(), " of ", what, " (bytes [", offset, ", ",
+                   offset + out.size(), ")): it is ", now, " bytes now, ", size,
+                   " when opened; was it truncated or rewritten since?");
+      }
+      done += size_t(n);
+    }
+  }
 };
 
 void SafetensorsFile::Impl::parse_header() {
   K3MOE_CHECK(size >= 8, label, ": file is ", size, " bytes, too short for the 8-byte header length");
-  const uint64_t n = read_le64(base);
+  uint8_t length[8];
+  read_at(0, length, "the header length");
+  const uint64_t n = read_le64(length);
   K3MOE_CHECK(n > 0, label, ": header length is 0 (a safetensors header is at least \"{}\")");
   K3MOE_CHECK(n <= kMaxHeaderBytes, label, ": header length ", n, " exceeds the limit of ", kMaxHeaderBytes,
               " bytes (corrupt length field?)");
@@ -155,9 +177,10 @@ void SafetensorsFile::Impl::parse_header() {
   data_offset = 8 + n;
   data_size = size - data_offset;
 
+  std::string text(size_t(n), '\0');
+  read_at(8, {reinterpret_cast<uint8_t*>(text.data()), text.size()}, "the header");
   std::string why;
-  const json header = detail::parse_bounded_json({reinterpret_cast<const char*>(base) + 8, size_t(n)},
-                                                 kMaxHeaderDepth, why);
+  const json header = detail::parse_bounded_json(text, kMaxHeaderDepth, why);
   K3MOE_CHECK(!header.is_discarded(), label, ": header is not valid JSON: ", why);
   K3MOE_CHECK(header.is_object(), label, ": header must be a JSON object, got ", header.type_name());
 
@@ -255,18 +278,10 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
     K3MOE_FAIL(impl->label, ": not a regular file");
   }
   impl->size = uint64_t(st.st_size);
-  if (impl->size >= 8) {
-    void* mapping = mmap(nullptr, impl->size, PROT_READ, MAP_SHARED, fd, 0);
-    const int mmap_errno = errno;
-    ::close(fd);
-    K3MOE_CHECK(mapping != MAP_FAILED, impl->label, ": mmap failed: ", std::strerror(mmap_errno));
-    impl->mapping = mapping;
-    impl->base = static_cast<const uint8_t*>(mapping);
-    // NOTE: no readahead on faults: only the header and the ranges copy_to() asks for are read.
-    madvise(mapping, impl->size, MADV_RANDOM);
-  } else {
-    ::close(fd);
-  }
+  impl->fd = fd;
+  // NOTE: no readahead: a rank reads its experts' ranges of a shard, not the rest (the large-layer
+  // test counts the bytes the OS read).
+  posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
   impl->parse_header();
   return SafetensorsFile(std::move(impl));
 }
@@ -276,7 +291,6 @@ SafetensorsFile SafetensorsFile::from_bytes(std::vector<uint8_t> bytes, const st
   impl->path = name;
   impl->label = name;
   impl->owned = std::move(bytes);
-  impl->base = impl->owned.data();
   impl->size = impl->owned.size();
   impl->parse_header();
   return SafetensorsFile(std::move(impl));
@@ -299,24 +313,21 @@ const TensorInfo& SafetensorsFile::get(std::string_view name) const {
   return *t;
 }
 
-std::span<const uint8_t> SafetensorsFile::bytes(const TensorInfo& tensor) const {
+void SafetensorsFile::read(const TensorInfo& tensor, uint64_t offset, std::span<uint8_t> out) const {
   impl_->check_range(tensor);
-  return {impl_->base + impl_->data_offset + tensor.begin, size_t(tensor.nbytes())};
+  K3MOE_CHECK(offset <= tensor.nbytes() && out.size() <= tensor.nbytes() - offset, impl_->label, ": tensor '",
+              tensor.name, "' is ", tensor.nbytes(), " bytes; bytes [", offset, ", ", offset + out.size(),
+              ") are not inside it");
+  if (out.empty()) return;
+  impl_->read_at(impl_->data_offset + tensor.begin + offset, out, "tensor '" + tensor.name + "'");
+  impl_->copied += out.size();
 }
 
 void SafetensorsFile::copy_to(const TensorInfo& tensor, std::span<uint8_t> out) const {
   impl_->check_range(tensor);
   K3MOE_CHECK(out.size() == tensor.nbytes(), impl_->label, ": tensor '", tensor.name, "' is ", tensor.nbytes(),
               " bytes, but the destination holds ", out.size());
-  if (out.empty()) return;
-  const uint64_t first = impl_->data_offset + tensor.begin;
-  if (impl_->mapping != nullptr) {
-    const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
-    const uint64_t start = first / page * page;
-    madvise(static_cast<uint8_t*>(impl_->mapping) + start, first + out.size() - start, MADV_WILLNEED);
-  }
-  std::memcpy(out.data(), impl_->base + first, out.size());
-  impl_->copied += out.size();
+  read(tensor, 0, out);
 }
 
 // ------------------------------------------------------------------------------------- writer
