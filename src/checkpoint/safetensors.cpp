@@ -117,12 +117,38 @@ std::string TensorInfo::shape_string() const { return shape_str(shape); }
 
 // ------------------------------------------------------------------------------------- reader
 
+// What identifies the file open() validated: every read checks that the path still names it.
+struct FileIdentity {
+  dev_t device = 0;
+  ino_t inode = 0;
+  uint64_t size = 0;
+  timespec modified{};
+
+  static FileIdentity of(const struct stat& st) { return {st.st_dev, st.st_ino, uint64_t(st.st_size), st.st_mtim}; }
+  bool operator==(const FileIdentity& o) const {
+    return device == o.device && inode == o.inode && size == o.size && modified.tv_sec == o.modified.tv_sec &&
+           modified.tv_nsec == o.modified.tv_nsec;
+  }
+};
+
+// A descriptor closed when it goes out of scope.
+struct FileDescriptor {
+  int fd = -1;
+  explicit FileDescriptor(int f) : fd(f) {}
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
 struct SafetensorsFile::Impl {
   std::filesystem::path path;
   std::string label;  // names the file in errors
-  std::vector<uint8_t> owned;  // from_bytes()'s image
-  int fd = -1;                 // open()'s file, read with pread
-  uint64_t size = 0;           // when opened
+  bool in_memory = false;      // from_bytes(): `owned` holds the image; open(): read from `path`
+  std::vector<uint8_t> owned;
+  FileIdentity identity;  // open()'s file, as validated
+  uint64_t size = 0;
   uint64_t data_offset = 0;
   uint64_t data_size = 0;
   std::vector<TensorInfo> tensors;  // by offset
@@ -130,35 +156,40 @@ struct SafetensorsFile::Impl {
   std::map<std::string, std::string> metadata;
   std::atomic<uint64_t> copied{0};
 
-  ~Impl() {
-    if (fd >= 0) ::close(fd);
-  }
-
   void parse_header();
   TensorInfo parse_entry(const std::string& name, const json& entry) const;
   void check_range(const TensorInfo& t) const {
     K3MOE_CHECK(t.begin <= t.end && t.end <= data_size, label, ": tensor '", t.name, "' offsets [", t.begin,
                 ", ", t.end, ") are not inside this file's data section of ", data_size, " bytes");
   }
-  // Bytes [offset, offset + out.size()) of the file; `what` names them in errors. A file that has
-  // shrunk since open() is an error here, where a mapping would have ended the process (SIGBUS).
+  // Bytes [offset, offset + out.size()) of the file; `what` names them in errors.
+  // NOTE: the file is opened per read, not kept open: a checkpoint of many shards holds no
+  // descriptors between reads, and a file truncated, rewritten or replaced since open() is an
+  // error here (a mapping would have ended the process with SIGBUS, or mixed two versions).
   void read_at(uint64_t offset, std::span<uint8_t> out, const std::string& what) const {
-    if (fd < 0) {
+    if (in_memory) {
       std::memcpy(out.data(), owned.data() + offset, out.size());
       return;
     }
+    const FileDescriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    K3MOE_CHECK(file.fd >= 0, label, ": cannot open it again to read ", what, ": ", std::strerror(errno));
+    struct stat st {};
+    K3MOE_CHECK(fstat(file.fd, &st) == 0, label, ": cannot stat it to read ", what, ": ", std::strerror(errno));
+    const FileIdentity now = FileIdentity::of(st);
+    K3MOE_CHECK(now == identity, label, ": changed since it was opened (", identity.size, " bytes then, ", now.size,
+                " now", now.inode != identity.inode ? ", another file" : "", "): was it truncated, rewritten or "
+                "replaced? Open it again to read ", what);
+    // NOTE: no readahead: a rank reads its experts' ranges of a shard, not the rest (the
+    // large-layer test counts the bytes the OS read).
+    posix_fadvise(file.fd, 0, 0, POSIX_FADV_RANDOM);
     size_t done = 0;
     while (done < out.size()) {
-      const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, off_t(offset + done));
+      const ssize_t n = ::pread(file.fd, out.data() + done, out.size() - done, off_t(offset + done));
       if (n < 0 && errno == EINTR) continue;
       K3MOE_CHECK(n >= 0, label, ": reading ", what, " failed at byte ", offset + done, ": ", std::strerror(errno));
-      if (n == 0) {
-        struct stat st {};
-        const std::string now = fstat(fd, &st) == 0 ? std::to_string(st.st_size) : "fewer";
-        K3MOE_FAIL(label, ": the file ends before byte ", offset + out.size(), " of ", what, " (bytes [", offset, ", ",
-                   offset + out.size(), ")): it is ", now, " bytes now, ", size,
-                   " when opened; was it truncated or rewritten since?");
-      }
+      K3MOE_CHECK(n > 0, label, ": the file ends before byte ", offset + out.size(), " of ", what, " (bytes [",
+                  offset, ", ", offset + out.size(), ")); it was ", identity.size,
+                  " bytes when opened: was it truncated or rewritten since?");
       done += size_t(n);
     }
   }
@@ -270,18 +301,14 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   impl->path = path;
   impl->label = path.string();
   // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  K3MOE_CHECK(fd >= 0, impl->label, ": cannot open: ", std::strerror(errno));
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    K3MOE_FAIL(impl->label, ": not a regular file");
+  {
+    const FileDescriptor file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    K3MOE_CHECK(file.fd >= 0, impl->label, ": cannot open: ", std::strerror(errno));
+    struct stat st {};
+    K3MOE_CHECK(fstat(file.fd, &st) == 0 && S_ISREG(st.st_mode), impl->label, ": not a regular file");
+    impl->identity = FileIdentity::of(st);
+    impl->size = impl->identity.size;
   }
-  impl->size = uint64_t(st.st_size);
-  impl->fd = fd;
-  // NOTE: no readahead: a rank reads its experts' ranges of a shard, not the rest (the large-layer
-  // test counts the bytes the OS read).
-  posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
   impl->parse_header();
   return SafetensorsFile(std::move(impl));
 }
@@ -290,6 +317,7 @@ SafetensorsFile SafetensorsFile::from_bytes(std::vector<uint8_t> bytes, const st
   auto impl = std::make_unique<Impl>();
   impl->path = name;
   impl->label = name;
+  impl->in_memory = true;
   impl->owned = std::move(bytes);
   impl->size = impl->owned.size();
   impl->parse_header();

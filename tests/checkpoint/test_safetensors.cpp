@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
@@ -169,28 +170,56 @@ TEST(Safetensors, ReaderLookupsAndCopies) {
   expect_error([&] { SafetensorsFile::open(fifo); }, {"fifo.safetensors", "not a regular file"});
 }
 
-// A shard cut short after open() (a copy or download rewriting it in place) is an error naming the
-// file and the tensor when its bytes are read, not a SIGBUS; the bytes still there read as before.
-TEST(Safetensors, FileTruncatedAfterOpen) {
+// A file changed after open() (cut short, rewritten in place or replaced, as a copy or sync
+// does) is an error naming the file and the tensor when its bytes are read: not a SIGBUS, and not
+// a read of the new bytes against the old header.
+TEST(Safetensors, FileChangedAfterOpen) {
   TempDir dir("st");
   const auto path = dir.path() / "cut.safetensors";
   const auto samples = sample_tensors();
   write_samples(path, samples);
-  const SafetensorsFile f = SafetensorsFile::open(path);
   const uint64_t full = std::filesystem::file_size(path);
-  const TensorInfo& last = f.get("fp8");  // the last 9 bytes
-  std::filesystem::resize_file(path, full - 4);
-  std::vector<uint8_t> copy(last.nbytes());
-  const std::string sizes = std::to_string(full - 4) + " bytes now, " + std::to_string(full) + " when opened";
-  expect_error([&] { f.copy_to(last, copy); }, {"cut.safetensors", "'fp8'", sizes, "truncated"});
-  std::vector<uint8_t> head(4);
-  f.read(last, 0, head);  // before the cut
-  EXPECT_TRUE(std::equal(head.begin(), head.end(), samples.back().bytes.begin()));
-  std::vector<uint8_t> bias(f.get("bias").nbytes());
-  f.copy_to(f.get("bias"), bias);
-  EXPECT_EQ(bias, samples[2].bytes);
-  std::filesystem::resize_file(path, 0);
-  expect_error([&] { f.copy_to(f.get("bias"), bias); }, {"cut.safetensors", "'bias'", "0 bytes now"});
+  std::vector<uint8_t> bias(samples[2].bytes.size());
+  {
+    const SafetensorsFile f = SafetensorsFile::open(path);
+    std::filesystem::resize_file(path, full - 4);
+    const std::string sizes = std::to_string(full) + " bytes then, " + std::to_string(full - 4) + " now";
+    expect_error([&] { f.copy_to(f.get("bias"), bias); }, {"cut.safetensors", "changed since", sizes, "'bias'"});
+    std::filesystem::resize_file(path, 0);
+    expect_error([&] { f.copy_to(f.get("bias"), bias); }, {"cut.safetensors", "bytes then, 0 now"});
+  }
+  write_samples(path, samples);
+  {
+    const SafetensorsFile f = SafetensorsFile::open(path);
+    write_samples(dir.path() / "new.safetensors", samples);  // the same bytes, another file
+    std::filesystem::rename(dir.path() / "new.safetensors", path);
+    expect_error([&] { f.copy_to(f.get("bias"), bias); }, {"cut.safetensors", "another file", "'bias'"});
+  }
+  {
+    const SafetensorsFile f = SafetensorsFile::open(path);
+    std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) + std::chrono::seconds(5));
+    expect_error([&] { f.copy_to(f.get("bias"), bias); }, {"cut.safetensors", "rewritten"});
+    std::filesystem::remove(path);
+    expect_error([&] { f.copy_to(f.get("bias"), bias); }, {"cut.safetensors", "cannot open it again", "'bias'"});
+  }
+}
+
+// An open file holds no descriptor: a checkpoint of more shards than the process may keep open
+// still loads.
+TEST(Safetensors, OpenFilesHoldNoDescriptor) {
+  TempDir dir("st");
+  const auto path = dir.path() / "a.safetensors";
+  const auto samples = sample_tensors();
+  write_samples(path, samples);
+  auto descriptors = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{});
+  };
+  const auto before = descriptors();
+  std::vector<SafetensorsFile> files;
+  for (int i = 0; i < 64; ++i) files.push_back(SafetensorsFile::open(path));
+  EXPECT_EQ(descriptors(), before);
+  for (const SafetensorsFile& f : files) expect_samples(f, samples);
+  EXPECT_EQ(descriptors(), before);
 }
 
 TEST(Safetensors, DtypeNames) {
