@@ -85,6 +85,8 @@ void check_tensor_type(const char* op, const char* name, const at::Tensor& t,
                        c10::Device device) {
   // NOTE: the messages are only formatted on failure: this runs ~10 times per forward.
   TORCH_CHECK(t.defined(), op, ": ", name, " must be ", expected_string(dtypes, shape, device), ", got no tensor");
+  TORCH_CHECK(t.layout() == at::kStrided, op, ": ", name, " must be a dense (strided) tensor, got a ", t.layout(),
+              " one (call .to_dense())");
   bool dtype_ok = false;
   for (at::ScalarType dtype : dtypes) dtype_ok = dtype_ok || t.scalar_type() == dtype;
   TORCH_CHECK(dtype_ok && t.device() == device && t.sizes().equals(shape), op, ": ", name, " must be ",

@@ -55,28 +55,102 @@ def _load_library() -> None:
 _load_library()
 
 # ------------------------------------------------------------------------------ fake implementations
-# Shapes and dtypes only, for FakeTensorMode (torch.compile, torch.export). The real checks run in
-# C++ when the op executes.
+# For FakeTensorMode (torch.compile, torch.export) and meta tensors: the outputs' shapes and dtypes,
+# after the checks the C++ op makes of its arguments' dtypes, shapes and devices, so that a traced
+# graph fails where an eager call would. The dispatcher also runs these when any argument is a
+# meta tensor: the device check then refuses a meta tensor among real ones (an unmaterialised
+# weight) instead of returning uninitialised memory. The library's own limits on the configuration
+# (H and I multiples of 128, ...) are checked when the op runs.
+
+_PRECISIONS = ("a16", "mxfp8")
+_ACTIVATIONS = ("situ", "swiglu", "swiglu_oai")
+_MAX_TOP_K = 32  # the routing kernel's (kRoutingMaxTopK)
+_MAX_EXPERTS = 1024  # kRoutingMaxExperts
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_tensor(op: str, name: str, t, dtypes: tuple, shape: tuple, device) -> None:
+    want = lambda: (f"{list(shape)} {' or '.join(_dtype_name(d) for d in dtypes)} on {device}")  # noqa: E731
+    got = lambda: f"{list(t.shape)} {_dtype_name(t.dtype)} on {t.device}"  # noqa: E731
+    torch._check(t is not None, lambda: f"{op}: {name} must be {want()}, got no tensor")
+    torch._check(t.dtype in dtypes and t.device == device and t.dim() == len(shape),
+                 lambda: f"{op}: {name} must be {want()}, got {got()}")
+    for have, size in zip(t.shape, shape):
+        torch._check(have == size, lambda: f"{op}: {name} must be {want()}, got {got()}")
+
+
+def _check_positive(op: str, **values) -> None:
+    for name, value in values.items():
+        torch._check(value >= 1, lambda: f"{op}: {name} must be >= 1, got {value}")
 
 
 @torch.library.register_fake("k3moe::prepare_experts")
 def _prepare_experts_fake(w13_packed, w13_scale, w2_packed, w2_scale):
-    torch._check(w13_packed.dim() == 3,
-                 lambda: f"k3moe.prepare_experts: w13_packed must be [E, 2I, H/2], got {tuple(w13_packed.shape)}")
+    op = "k3moe.prepare_experts"
+    torch._check(w13_packed.dim() == 3 and w13_packed.shape[1] % 2 == 0,
+                 lambda: f"{op}: w13_packed must be [E, 2I, H/2] uint8, got {list(w13_packed.shape)}")
     E, two_i, half_h = w13_packed.shape
     I, H = two_i // 2, 2 * half_h
+    _check_positive(op, E=E, I=I, H=H)
+    device = w13_packed.device
+    _check_tensor(op, "w13_packed", w13_packed, (torch.uint8,), (E, 2 * I, H // 2), device)
+    _check_tensor(op, "w13_scale", w13_scale, (torch.uint8,), (E, 2 * I, H // 32), device)
+    _check_tensor(op, "w2_packed", w2_packed, (torch.uint8,), (E, H, I // 2), device)
+    _check_tensor(op, "w2_scale", w2_scale, (torch.uint8,), (E, H, I // 32), device)
     new = lambda n: w13_packed.new_empty((E, n), dtype=torch.uint8)  # noqa: E731
     return new(I * H), new(I * H // 16), new(H * I // 2), new(H * I // 32)
 
 
 @torch.library.register_fake("k3moe::route")
 def _route_fake(router_logits, router_bias, top_k, renormalize=True, routed_scaling_factor=1.0):
+    op = "k3moe.route"
     torch._check(router_logits.dim() == 2,
-                 lambda: f"k3moe.route: router_logits must be [T, E], got {tuple(router_logits.shape)}")
+                 lambda: f"{op}: router_logits must be [T, E], got {list(router_logits.shape)}")
     T, E = router_logits.shape
-    torch._check(1 <= top_k <= E, lambda: f"k3moe.route: top_k must be in [1, num_experts = {E}], got {top_k}")
+    device = router_logits.device
+    _check_tensor(op, "router_logits", router_logits, (torch.float32,), (T, E), device)
+    _check_tensor(op, "router_bias", router_bias, (torch.float32,), (E,), device)
+    torch._check(1 <= E <= _MAX_EXPERTS, lambda: f"{op}: the routing takes 1 to {_MAX_EXPERTS} experts, got {E}")
+    torch._check(1 <= top_k <= min(E, _MAX_TOP_K),
+                 lambda: f"{op}: top_k must be in [1, min(num_experts = {E}, {_MAX_TOP_K})], got {top_k}")
     return (router_logits.new_empty((T, top_k), dtype=torch.int32),
             router_logits.new_empty((T, top_k), dtype=torch.float32))
+
+
+def _check_forward_args(op, x, topk_ids, topk_weights, w13_codes, w13_scales, w2_codes, w2_scales, num_experts,
+                        top_k, hidden, intermediate, precision, activation, ep_size, ep_rank, x_scales):
+    torch._check(precision in _PRECISIONS, lambda: f"{op}: precision must be one of {_PRECISIONS}, got {precision!r}")
+    torch._check(activation in _ACTIVATIONS,
+                 lambda: f"{op}: activation must be one of {_ACTIVATIONS}, got {activation!r}")
+    _check_positive(op, num_experts=num_experts, top_k=top_k, hidden=hidden, intermediate=intermediate,
+                    ep_size=ep_size)
+    torch._check(0 <= ep_rank < ep_size and num_experts % ep_size == 0,
+                 lambda: f"{op}: ep_size must divide num_experts ({num_experts}) and ep_rank be in [0, ep_size), "
+                         f"got ep_size {ep_size}, ep_rank {ep_rank}")
+    torch._check(x.dim() == 2, lambda: f"{op}: x must be [T, {hidden}], got {list(x.shape)}")
+    T, H, I, K, L = x.shape[0], hidden, intermediate, top_k, num_experts // ep_size
+    device = x.device
+    if x.dtype in (torch.uint8, torch.float8_e4m3fn):
+        torch._check(precision == "mxfp8", lambda: f"{op}: x is {_dtype_name(x.dtype)} (pre-quantized MXFP8 codes), "
+                                                   f"which needs precision \"mxfp8\", got {precision!r}")
+        _check_tensor(op, "x", x, (torch.uint8, torch.float8_e4m3fn), (T, H), device)
+        torch._check(x_scales is not None, lambda: f"{op}: x is pre-quantized, so x_scales must be [{T}, {H // 128}] "
+                                                   f"int32 on {device}, got no tensor")
+        _check_tensor(op, "x_scales", x_scales, (torch.int32,), (T, H // 128), device)
+    else:
+        _check_tensor(op, "x", x, (torch.bfloat16,), (T, H), device)
+        torch._check(x_scales is None, lambda: f"{op}: x_scales is only taken with a pre-quantized x (uint8 E4M3 "
+                                               f"codes); x is {_dtype_name(x.dtype)}")
+    _check_tensor(op, "topk_ids", topk_ids, (torch.int32,), (T, K), device)
+    _check_tensor(op, "topk_weights", topk_weights, (torch.float32,), (T, K), device)
+    _check_tensor(op, "w13_codes", w13_codes, (torch.uint8,), (L, I * H), device)
+    _check_tensor(op, "w13_scales", w13_scales, (torch.uint8,), (L, I * H // 16), device)
+    _check_tensor(op, "w2_codes", w2_codes, (torch.uint8,), (L, H * I // 2), device)
+    _check_tensor(op, "w2_scales", w2_scales, (torch.uint8,), (L, H * I // 32), device)
+    return T, H
 
 
 @torch.library.register_fake("k3moe::forward")
@@ -84,8 +158,10 @@ def _forward_fake(x, topk_ids, topk_weights, w13_codes, w13_scales, w2_codes, w2
                   top_k, hidden, intermediate, precision="a16", activation="situ", situ_beta=4.0,
                   situ_linear_beta=25.0, swiglu_alpha=1.702, swiglu_limit=7.0, ep_size=1, ep_rank=0,
                   x_scales=None):
-    torch._check(x.dim() == 2, lambda: f"k3moe.forward: x must be [T, {hidden}], got {tuple(x.shape)}")
-    return x.new_empty((x.shape[0], hidden), dtype=torch.bfloat16)
+    T, H = _check_forward_args("k3moe.forward", x, topk_ids, topk_weights, w13_codes, w13_scales, w2_codes,
+                               w2_scales, num_experts, top_k, hidden, intermediate, precision, activation, ep_size,
+                               ep_rank, x_scales)
+    return x.new_empty((T, H), dtype=torch.bfloat16)
 
 
 @torch.library.register_fake("k3moe::forward_out")
@@ -93,6 +169,10 @@ def _forward_out_fake(x, topk_ids, topk_weights, w13_codes, w13_scales, w2_codes
                       top_k, hidden, intermediate, precision="a16", activation="situ", situ_beta=4.0,
                       situ_linear_beta=25.0, swiglu_alpha=1.702, swiglu_limit=7.0, ep_size=1, ep_rank=0,
                       x_scales=None, *, out):
+    T, H = _check_forward_args("k3moe.forward_out", x, topk_ids, topk_weights, w13_codes, w13_scales, w2_codes,
+                               w2_scales, num_experts, top_k, hidden, intermediate, precision, activation, ep_size,
+                               ep_rank, x_scales)
+    _check_tensor("k3moe.forward_out", "out", out, (torch.bfloat16,), (T, H), x.device)
     return None
 
 
@@ -178,6 +258,9 @@ def forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
     x_scales [T, H/128] int32), global topk_ids [T, K] int32 (-1 and other ranks' ids contribute
     nothing), topk_weights [T, K] fp32 -> out [T, H] bf16, this rank's partial sum. Enqueued on
     the current stream, no host synchronisation."""
+    if len(experts) != 4:
+        raise ValueError(f"k3moe.forward: experts must be the four kernel-layout tensors (w13_codes, w13_scales, "
+                         f"w2_codes, w2_scales: KernelExperts), got {len(experts)}")
     w13_codes, w13_scales, w2_codes, w2_scales = experts
     if out is None:
         return _FORWARD(x, topk_ids, topk_weights, w13_codes, w13_scales, w2_codes, w2_scales, *config.op_args,

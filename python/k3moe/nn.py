@@ -27,6 +27,9 @@ class KimiK3RoutedExperts(torch.nn.Module):
     def __init__(self, config: MoeConfig, experts: KernelExperts, router_bias: Optional[torch.Tensor] = None):
         super().__init__()
         self.config = config
+        if len(experts) != len(KernelExperts._fields):
+            raise ValueError(f"KimiK3RoutedExperts: experts must be the four kernel-layout tensors "
+                             f"{KernelExperts._fields}, got {len(experts)}")
         for name, tensor in zip(KernelExperts._fields, experts):
             self.register_buffer(name, tensor)
         self.register_buffer("router_bias", router_bias)

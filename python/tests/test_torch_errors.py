@@ -66,14 +66,115 @@ def test_prepare_w13_packed_rank_is_named(device):
 
 
 @pytest.mark.parametrize("shape, top_k, message", [
-    ((T, 16), 0, r"top_k must be in \[1, num_experts = 16\], got 0"),
-    ((T, 16), 17, r"top_k must be in \[1, num_experts = 16\], got 17"),
-    ((16,), 4, r"router_logits must be \[T, E\], got \(16,\)"),
+    ((T, 16), 0, r"top_k must be in \[1, min\(num_experts = 16, 32\)\], got 0"),
+    ((T, 16), 17, r"top_k must be in \[1, min\(num_experts = 16, 32\)\], got 17"),
+    ((T, 64), 40, r"top_k must be in \[1, min\(num_experts = 64, 32\)\], got 40"),
+    ((16,), 4, r"router_logits must be \[T, E\], got \[16\]"),
 ])
 def test_route_fake_names_what_is_wrong(shape, top_k, message):
     """The fake route (what torch.compile traces, on meta tensors) names the argument."""
-    logits, bias = torch.empty(shape, device="meta"), torch.empty(16, device="meta")
+    logits, bias = torch.empty(shape, device="meta"), torch.empty(shape[-1], device="meta")
     expect_error(r"k3moe\.route: " + message, k3moe.route, logits, bias, top_k)
+
+
+def meta_forward_args(**changes):
+    """Valid arguments of torch.ops.k3moe.forward_out for SMALL, on meta tensors (what the fake
+    implementation sees under torch.compile), with `changes` applied."""
+    config = k3moe.MoeConfig(**SMALL)
+    H, I, L = config.hidden, config.intermediate, config.num_local
+    meta = lambda shape, dtype=torch.uint8: torch.empty(shape, dtype=dtype, device="meta")  # noqa: E731
+    args = dict(x=meta((T, H), torch.bfloat16), topk_ids=meta((T, 4), torch.int32),
+                topk_weights=meta((T, 4), torch.float32), w13_codes=meta((L, I * H)),
+                w13_scales=meta((L, I * H // 16)), w2_codes=meta((L, H * I // 2)), w2_scales=meta((L, H * I // 32)),
+                out=meta((T, H), torch.bfloat16), **config.forward_kwargs())
+    return {**args, **changes}
+
+
+def test_fake_forward_gives_the_output_shape():
+    args = meta_forward_args()
+    out = args.pop("out")
+    y = torch.ops.k3moe.forward(**args)
+    assert (y.device.type, tuple(y.shape), y.dtype) == ("meta", (T, 512), torch.bfloat16)
+    torch.ops.k3moe.forward_out(**args, out=out)
+
+
+FAKE_FAULTS = [
+    # change, expected message after "k3moe.forward_out: " (the fake checks what the op checks)
+    (dict(precision="fp4"), r"precision must be one of \('a16', 'mxfp8'\), got 'fp4'"),
+    (dict(activation="gelu"), r"activation must be one of .*, got 'gelu'"),
+    (dict(hidden=2 ** 40), r"x must be \[6, 1099511627776\] bfloat16 on meta, got \[6, 512\]"),
+    (dict(top_k=0), r"top_k must be >= 1, got 0"),
+    (dict(ep_size=3), r"ep_size must divide num_experts \(16\)"),
+    (dict(ep_rank=1), r"ep_size must divide .* ep_rank be in \[0, ep_size\), got ep_size 1, ep_rank 1"),
+    (dict(x=torch.empty((T, 512), device="meta")), r"x must be \[6, 512\] bfloat16 on meta, got \[6, 512\] float32"),
+    (dict(x=torch.empty((T, 512), dtype=torch.uint8, device="meta")), r'x is uint8 .*, which needs precision "mxfp8"'),
+    (dict(x=torch.empty((T, 512), dtype=torch.uint8, device="meta"), precision="mxfp8"),
+     r"x is pre-quantized, so x_scales must be \[6, 4\] int32 on meta, got no tensor"),
+    (dict(x_scales=torch.empty((T, 4), dtype=torch.int32, device="meta")), r"x_scales is only taken with a pre-quantized"),
+    (dict(topk_ids=torch.empty((T, 4), dtype=torch.int64, device="meta")), r"topk_ids must be \[6, 4\] int32"),
+    (dict(topk_weights=torch.empty((T, 3), device="meta")), r"topk_weights must be \[6, 4\] float32 on meta, got \[6, 3\]"),
+    (dict(w13_codes=torch.empty((8, 131072), dtype=torch.uint8, device="meta")), r"w13_codes must be \[16, 131072\]"),
+    (dict(w2_scales=torch.empty((16, 4096), dtype=torch.int8, device="meta")), r"w2_scales must be .* uint8 .*, got .* int8"),
+    (dict(out=torch.empty(3, device="meta")), r"out must be \[6, 512\] bfloat16 on meta, got \[3\] float32"),
+]
+
+
+@pytest.mark.parametrize("change, message", FAKE_FAULTS, ids=[",".join(c) for c, _ in FAKE_FAULTS])
+def test_fake_forward_refuses_what_the_op_refuses(change, message):
+    """Under torch.compile a bad argument fails the trace, as the eager call would fail."""
+    expect_error(r"k3moe\.forward_out: " + message, torch.ops.k3moe.forward_out, **meta_forward_args(**change))
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_fake_prepare_refuses_what_the_op_refuses(index):
+    raw = [t.to("meta") for t in cpu_raw()]
+    raw[index] = raw[index].to(torch.int16)
+    expect_error(r"k3moe\.prepare_experts: .* must be \[2, .*\] uint8 on meta, got .* int16", k3moe.prepare_experts,
+                 *raw)
+
+
+def test_fake_route_refuses_what_the_op_refuses():
+    logits, bias = torch.empty((T, 16), device="meta"), torch.empty(16, device="meta")
+    expect_error(r"k3moe\.route: router_logits must be \[6, 16\] float32 on meta, got .* float16", k3moe.route,
+                 logits.half(), bias, 4)
+    expect_error(r"k3moe\.route: router_bias must be \[16\] float32 on meta, got \[15\]", k3moe.route, logits,
+                 bias[:15], 4)
+
+
+def test_a_meta_tensor_among_real_ones_is_named():
+    """Any meta argument sends the call to the fake implementation (the dispatcher ranks Meta first):
+    an unmaterialised weight among real tensors is refused there, naming it, instead of returning
+    uninitialised memory."""
+    config = k3moe.MoeConfig(**SMALL)
+    x, ids, weights = torch.zeros((T, 512), dtype=torch.bfloat16), torch.zeros((T, 4), dtype=torch.int32), torch.zeros((T, 4))
+    experts = [torch.zeros(t.shape, dtype=t.dtype) for t in list(meta_forward_args().values())[3:7]]
+    experts[2] = experts[2].to("meta")
+    expect_error(r"k3moe\.forward: w2_codes must be \[16, 65536\] uint8 on cpu, got .* on meta", k3moe.forward, x,
+                 ids, weights, experts, config)
+    out = torch.full((T, 512), 7.0, dtype=torch.bfloat16)
+    expect_error(r"k3moe\.forward_out: w2_codes must be .* on cpu, got .* on meta", k3moe.forward, x, ids, weights,
+                 experts, config, out=out)
+    expect_error(r"k3moe\.route: router_bias must be \[16\] float32 on cpu, got \[16\] float32 on meta",
+                 k3moe.route, torch.zeros((T, 16)), torch.zeros(16, device="meta"), 4)
+    raw = cpu_raw()
+    raw[3] = raw[3].to("meta")
+    expect_error(r"k3moe\.prepare_experts: w2_scale must be .* on cpu, got .* on meta", k3moe.prepare_experts, *raw)
+
+
+def test_sparse_tensor_is_named():
+    raw = cpu_raw()
+    raw[1] = raw[1].to_sparse()
+    expect_error(r"k3moe\.prepare_experts: w13_scale must be a dense \(strided\) tensor, got a Sparse one",
+                 k3moe.prepare_experts, *raw)
+
+
+def test_experts_must_be_four_tensors():
+    experts = list(meta_forward_args().values())[3:6]
+    x = torch.zeros((T, 512), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"k3moe\.forward: experts must be the four kernel-layout tensors .*got 3"):
+        k3moe.forward(x, torch.zeros((T, 4), dtype=torch.int32), torch.zeros((T, 4)), experts, k3moe.MoeConfig(**SMALL))
+    with pytest.raises(ValueError, match=r"KimiK3RoutedExperts: experts must be the four kernel-layout tensors"):
+        k3moe.nn.KimiK3RoutedExperts(k3moe.MoeConfig(**SMALL), experts)
 
 
 def test_prepare_takes_any_strides_and_alignment():
