@@ -218,10 +218,15 @@ class MoeConfig:
         return self.ep_rank * self.num_local
 
     def __post_init__(self):
-        # The rest is the library's to check; these would fail in Python first (num_local divides).
+        # The rest is the library's to check; these would fail in Python first (num_local divides)
+        # or only at the first forward (the names).
         if self.ep_size < 1 or not 0 <= self.ep_rank < self.ep_size:
             raise ValueError(f"MoeConfig: ep_size must be >= 1 and ep_rank in [0, ep_size), got ep_size "
                              f"{self.ep_size}, ep_rank {self.ep_rank}")
+        if self.mode not in _PRECISIONS:
+            raise ValueError(f"MoeConfig: mode must be one of {_PRECISIONS}, got {self.mode!r}")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"MoeConfig: activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
         # NOTE: the op's configuration arguments, in schema order, built once (not a field).
         object.__setattr__(self, "op_args", (
             self.num_experts, self.top_k, self.hidden, self.intermediate, self.mode, self.activation,

@@ -385,6 +385,12 @@ def test_route_bad_top_k_is_the_library_error(top_k, message):
                  torch.zeros(16, device="cuda"), top_k)
 
 
+@pytest.mark.parametrize("field, value", [("mode", "fp4"), ("activation", "gelu")])
+def test_config_with_an_unknown_name_is_a_value_error(field, value):
+    with pytest.raises(ValueError, match=rf"MoeConfig: {field} must be one of .*, got '{value}'"):
+        k3moe.MoeConfig(**SMALL, **{field: value})
+
+
 @pytest.mark.parametrize("ep_size, ep_rank", [(0, 0), (-2, 0), (4, 4), (4, -1)])
 def test_config_with_an_impossible_ep_rank_is_a_value_error(ep_size, ep_rank):
     with pytest.raises(ValueError, match="ep_size must be >= 1 and ep_rank in"):
