@@ -3,14 +3,21 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace k3moe::cli {
 
 const CLI::Validator& non_negative_integer() {
+  // NOTE: CLI11 converts integers in base 0 ("010" is 8, "0x10" is 16): only plain decimal passes.
   static const CLI::Validator check(
       [](std::string& text) -> std::string {
         const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
-        return digits ? "" : "must be a non-negative integer, got " + text;
+        if (!digits) return "must be a non-negative decimal integer, got '" + text + "'";
+        if (text.size() > 1 && text[0] == '0') return "must be a decimal integer without leading zeros, got " + text;
+        constexpr std::string_view kMax = "18446744073709551615";  // 2^64 - 1
+        if (text.size() > kMax.size() || (text.size() == kMax.size() && text > kMax))
+          return "must be at most " + std::string(kMax) + ", got " + text;
+        return "";
       },
       "INT>=0");
   return check;

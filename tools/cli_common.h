@@ -18,8 +18,9 @@ struct ExitCode {
 // The most tokens `run` and `reference` take (their float64 reference holds [T, H] values).
 inline constexpr int kMaxCliTokens = 1 << 20;
 
-// Checks that an option's value is a non-negative integer ("--seed: must be a non-negative
-// integer, got -1"), for options whose negative values would wrap or mean "the default".
+// Checks that an option's value is a non-negative decimal integer of at most 2^64 - 1 ("--seed:
+// must be a non-negative decimal integer, got '-1'"), before CLI11 converts it: every integer
+// option takes it (CLI11 alone reads "010" as octal, "0x10" as hex, and clamps what overflows).
 const CLI::Validator& non_negative_integer();
 
 // A ProgressFn that redraws one line on stderr ("stage  done/total  pct  elapsed") at most a few

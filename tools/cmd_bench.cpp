@@ -439,7 +439,8 @@ void register_bench(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"decode", "prefill", "all"}));
   cmd->add_option("--shape", o->shape, "local28 | ep32 | ep16")->check(CLI::IsMember({"local28", "ep32", "ep16"}));
-  cmd->add_option("--tokens", o->tokens, "Token counts (with --shape: also outside the suite)");
+  cmd->add_option("--tokens", o->tokens, "Token counts (with --shape: also outside the suite)")
+      ->check(non_negative_integer());
   cmd->add_option("--mode", o->mode, "a16 | mxfp8")->check(CLI::IsMember({"a16", "mxfp8"}));
   cmd->add_option("--json", o->json, "Write the rows, ceilings, device, commit and date as JSON");
   cmd->add_option("--commit", o->commit, "The commit being measured (recorded in the JSON)");
@@ -447,8 +448,9 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--splits", o->splits, "Force the K split: N for both GEMMs, or N1,N2 (0: the heuristic's)")
       ->delimiter(',')
       ->expected(1, 2)
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_integer());
   cmd->add_option("--tile", o->tile, "Force the expert GEMMs' token tile: 8, 16, 24, 32 (mma.sync) or 32, 64, 96, 128 (wgmma); 0: the heuristic's")
+      ->check(non_negative_integer())
       ->check(CLI::IsMember({0, 8, 16, 24, 32, 64, 96, 128}));
   cmd->add_option("--kernel", o->kernel, "Force the expert GEMMs' kernel: auto, mmasync or wgmma")
       ->check(CLI::IsMember({"auto", "mmasync", "wgmma"}));

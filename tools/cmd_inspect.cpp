@@ -56,7 +56,8 @@ void inspect_file(const Options& o) {
                                 {"shape", t.shape},
                                 {"data_offsets", {t.begin, t.end}},
                                 {"fnv1a64", hex64(fnv1a64(file, t))}});
-    std::printf("%s\n", out.dump(1).c_str());
+    // NOTE: a file name that is not UTF-8 is printed with U+FFFD in its place.
+    std::printf("%s\n", out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
   }
   std::printf("%s: %zu tensors, %s\n", o.path.c_str(), file.tensors().size(),
@@ -149,8 +150,11 @@ void register_inspect(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "inspect", "Describe and validate a checkpoint directory, or list the tensors of one .safetensors file");
   cmd->add_option("path", o->path, "Checkpoint directory or .safetensors file")->required();
-  cmd->add_option("--ep-size", o->ep_size, "Expert-parallel size for the per-rank byte counts")->capture_default_str();
-  cmd->add_option("--layer", o->layer, "Validate only this layer (default: every layer with experts)");
+  cmd->add_option("--ep-size", o->ep_size, "Expert-parallel size for the per-rank byte counts")
+      ->capture_default_str()
+      ->check(non_negative_integer());
+  cmd->add_option("--layer", o->layer, "Validate only this layer (default: every layer with experts)")
+      ->check(non_negative_integer());
   cmd->add_flag("--json", o->json, "For a .safetensors file: print the tensor list as JSON");
   cmd->callback([o] {
     if (fs::is_directory(o->path)) {

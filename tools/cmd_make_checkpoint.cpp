@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,9 @@ void run(const Options& o) {
   spec.prefix = o.prefix;
   spec.threads = o.threads;
   const MoeConfig& c = spec.config;
-  const std::vector<int> layers = o.layers.empty() ? std::vector<int>{c.first_moe_layer()} : o.layers;
+  // The generator writes each listed layer once.
+  const std::set<int> layers = o.layers.empty() ? std::set<int>{c.first_moe_layer()}
+                                                 : std::set<int>(o.layers.begin(), o.layers.end());
 
   std::printf("make-checkpoint %s\n", o.dir.c_str());
   std::printf("  H %d  I %d  E %d  top-k %d  model hidden %d  seed %llu  prefix '%s'\n", c.hidden,
@@ -94,17 +97,21 @@ void register_make_checkpoint(CLI::App& app) {
   cmd->add_option("dir", o->dir, "Output directory (created)")->required();
   cmd->add_option("--seed", o->seed, "Random seed")->capture_default_str()->check(non_negative_integer());
   cmd->add_option("--layers", o->layers, "MoE layers to write, e.g. 1,2 (default: the first MoE layer)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(non_negative_integer());
   cmd->add_option("--shards", o->shards, "Number of shards; each holds a contiguous range of experts")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_negative_integer());
   cmd->add_option("--prefix", o->prefix, "Tensor-name prefix, e.g. language_model.model.")->capture_default_str();
   cmd->add_flag("--reduced", o->reduced, "Small dimensions: H 256, I 128, E 32, top-k 4, model hidden 512");
-  cmd->add_option("--hidden", o->hidden, "H, the routed experts' width");
-  cmd->add_option("--intermediate", o->intermediate, "I, the experts' intermediate width");
-  cmd->add_option("--experts", o->experts, "E, the number of routed experts");
-  cmd->add_option("--top-k", o->top_k, "K, experts per token");
-  cmd->add_option("--model-hidden", o->model_hidden, "The router's input width (hidden_size)");
-  cmd->add_option("--threads", o->threads, "Generator threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--hidden", o->hidden, "H, the routed experts' width")->check(non_negative_integer());
+  cmd->add_option("--intermediate", o->intermediate, "I, the experts' intermediate width")->check(non_negative_integer());
+  cmd->add_option("--experts", o->experts, "E, the number of routed experts")->check(non_negative_integer());
+  cmd->add_option("--top-k", o->top_k, "K, experts per token")->check(non_negative_integer());
+  cmd->add_option("--model-hidden", o->model_hidden, "The router's input width (hidden_size)")->check(non_negative_integer());
+  cmd->add_option("--threads", o->threads, "Generator threads (0: all cores)")
+      ->capture_default_str()
+      ->check(non_negative_integer());
   cmd->callback([o] { run(*o); });
 }
 

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/bounded_json.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "k3moe/checkpoint.h"
@@ -74,11 +75,14 @@ std::span<const uint8_t> as_bytes_of(const std::vector<T>& v) {
 
 void run(const ReferenceOptions& o) {
   // Where the result goes is checked before minutes of loading and computing.
+  K3MOE_CHECK(!o.out.empty(), "--out must name the file to write, got an empty path");
   const std::filesystem::path out(o.out);
   const std::filesystem::path out_dir = out.has_parent_path() ? out.parent_path() : ".";
   K3MOE_CHECK(std::filesystem::is_directory(out_dir), "--out ", o.out, ": the directory ", out_dir.string(),
               " does not exist");
   K3MOE_CHECK(!std::filesystem::is_directory(out), "--out ", o.out, " is a directory, not a file to write");
+  K3MOE_CHECK(detail::is_utf8(o.checkpoint), "--checkpoint ", o.checkpoint, ": the path is not UTF-8, and the "
+              "output's metadata records it (use a link with a UTF-8 name)");
   const Checkpoint ckpt = Checkpoint::open(o.checkpoint);
   const MoeConfig& config = ckpt.config();
   const std::vector<int> layers = ckpt.moe_layers();
@@ -185,11 +189,12 @@ void register_reference(CLI::App& app) {
       ->check(non_negative_integer());
   cmd->add_option("--tokens", o->tokens, "Number of tokens")
       ->capture_default_str()
+      ->check(non_negative_integer())
       ->check(CLI::Range(0, kMaxCliTokens));
   cmd->add_option("--mode", o->mode, "Precision mode of Emulate: a16 | mxfp8")->capture_default_str();
   cmd->add_option("--activation", o->activation, "situ | swiglu | swiglu_oai (default: the checkpoint's)");
-  cmd->add_option("--ep-size", o->ep_size, "Expert-parallel size")->capture_default_str();
-  cmd->add_option("--ep-rank", o->ep_rank, "Expert-parallel rank")->capture_default_str();
+  cmd->add_option("--ep-size", o->ep_size, "Expert-parallel size")->capture_default_str()->check(non_negative_integer());
+  cmd->add_option("--ep-rank", o->ep_rank, "Expert-parallel rank")->capture_default_str()->check(non_negative_integer());
   cmd->add_option("--seed", o->seed, "Random seed of x and the router input")
       ->capture_default_str()
       ->check(non_negative_integer());

@@ -221,9 +221,13 @@ void register_run(CLI::App& app) {
   cmd->add_option("--layer", o->layer, "MoE layer (default: the first)")->check(non_negative_integer());
   cmd->add_option("--ep-size", o->ep_size,
                   "Expert-parallel size (32: a Kimi-K3 EP32 rank; a --reduced checkpoint's 32 experts want fewer)")
-      ->capture_default_str();
-  cmd->add_option("--ep-rank", o->ep_rank, "Expert-parallel rank")->capture_default_str();
-  cmd->add_option("--tokens", o->tokens, "Tokens to route")->capture_default_str()->check(CLI::Range(0, kMaxCliTokens));
+      ->capture_default_str()
+      ->check(non_negative_integer());
+  cmd->add_option("--ep-rank", o->ep_rank, "Expert-parallel rank")->capture_default_str()->check(non_negative_integer());
+  cmd->add_option("--tokens", o->tokens, "Tokens to route")
+      ->capture_default_str()
+      ->check(non_negative_integer())
+      ->check(CLI::Range(0, kMaxCliTokens));
   cmd->add_option("--mode", o->mode, "a16 | mxfp8")->capture_default_str();
   cmd->add_option("--activation", o->activation, "situ | swiglu | swiglu_oai (default: the config's)");
   cmd->add_option("--backend", o->backend, "auto | gpu | cpu")

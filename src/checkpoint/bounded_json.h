@@ -19,6 +19,16 @@
 
 namespace k3moe::detail {
 
+// Whether `text` can be a JSON string (valid UTF-8): checked before work whose output records it.
+inline bool is_utf8(const std::string& text) {
+  try {
+    (void)nlohmann::json(text).dump();
+    return true;
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+}
+
 // The text of a JSON file (config.json, the index). Anything but a regular file is an error, not a
 // read that could block (a FIFO) or never end (a device).
 inline std::string read_json_file(const std::filesystem::path& path) {

@@ -192,8 +192,8 @@ void Checkpoint::Impl::read_index(const std::filesystem::path& path) {
                 " must be a shard file name, got ", file.type_name());
     const std::string& shard = file.get_ref<const std::string&>();
     K3MOE_CHECK(!shard.empty() && shard != "." && shard != ".." && shard.find('/') == std::string::npos &&
-                    shard.find('\\') == std::string::npos,
-                index_label, ": weight_map puts tensor ", name, " in '", shard, "', which is not a file name");
+                    shard.find('\\') == std::string::npos && shard.find('\0') == std::string::npos,
+                index_label, ": weight_map puts tensor ", name, " in ", json(shard).dump(), ", which is not a file name");
     first_tensor.emplace(shard, name);
   }
   for (const auto& [shard, tensor] : first_tensor) {

@@ -39,16 +39,25 @@ class Fields {
 
   const std::string& source() const { return source_; }
 
-  // The first of `names` present (text_config before top level); null when none is.
+  // The first of `names` present (text_config before top level); null when none is. Aliases
+  // in the same scope (num_experts and n_routed_experts) must agree.
   const json* find(std::initializer_list<const char*> names, std::string* where) const {
     for (const json* scope : {text_, &root_}) {
       if (scope == nullptr) continue;
+      const std::string prefix = scope == text_ ? "text_config." : "";
+      const json* found = nullptr;
       for (const char* name : names) {
-        if (auto it = scope->find(name); it != scope->end()) {
-          *where = (scope == text_ ? std::string("text_config.") : std::string()) + name;
-          return &*it;
+        const auto it = scope->find(name);
+        if (it == scope->end()) continue;
+        if (found == nullptr) {
+          found = &*it;
+          *where = prefix + name;
+        } else {
+          K3MOE_CHECK(*it == *found, source_, ": ", *where, " = ", describe(*found), " and ", prefix, name, " = ",
+                      describe(*it), " disagree (they name the same setting)");
         }
       }
+      if (found != nullptr) return found;
     }
     return nullptr;
   }

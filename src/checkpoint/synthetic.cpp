@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bounded_json.h"
 #include "fast_mxfp4.h"
 #include "k3moe/error.h"
 #include "k3moe/formats.h"
@@ -162,6 +163,8 @@ void check_spec(const SyntheticSpec& spec) {
               "synthetic checkpoint: num_shards must be in [1, num_experts = ", spec.config.num_experts, "], got ",
               spec.num_shards);
   K3MOE_CHECK(spec.threads >= 0, "synthetic checkpoint: threads must be >= 0, got ", spec.threads);
+  // Tensor names are JSON strings in the index and the headers.
+  K3MOE_CHECK(detail::is_utf8(spec.prefix), "synthetic checkpoint: the tensor-name prefix must be UTF-8");
 }
 
 // ------------------------------------------------------------------ the files
@@ -304,6 +307,7 @@ void write_synthetic_checkpoint(const std::filesystem::path& dir, const Syntheti
   const MoeConfig& c = spec.config;
   const std::vector<int> layers = spec_layers(spec);
   const int S = spec.num_shards, E = c.num_experts;
+  K3MOE_CHECK(!dir.empty(), "synthetic checkpoint: the output directory must be given, got an empty path");
   std::filesystem::create_directories(dir);
 
   // Shard s holds experts [s E / S, (s + 1) E / S) of every layer; the last shard also the routers.

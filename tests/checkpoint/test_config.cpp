@@ -99,6 +99,22 @@ TEST(Config, AcceptsCommonAliases) {
   EXPECT_EQ(c.activation, Activation::Swiglu);
 }
 
+// Two names of one setting in the same scope must agree: which one a reader takes is not the
+// config author's intent. Equal values, and a top-level value under a text_config one, are fine.
+TEST(Config, AliasesThatDisagreeAreNamed) {
+  json j = k3_text_config();
+  j["n_routed_experts"] = 64;
+  expect_error([&] { MoeConfig::from_json(json{{"text_config", j}}.dump(), "ckpt/config.json"); },
+               {"ckpt/config.json", "text_config.num_experts = 896", "text_config.n_routed_experts = 64", "disagree"});
+  j["n_routed_experts"] = 896;
+  j["num_experts_per_tok"] = 8;
+  expect_error([&] { MoeConfig::from_json(j.dump(), "config.json"); },
+               {"num_experts_per_token = 16", "num_experts_per_tok = 8", "disagree"});
+  j["num_experts_per_tok"] = 16;
+  json outer = {{"text_config", j}, {"num_experts", 32}};  // another model's setting beside text_config
+  EXPECT_EQ(MoeConfig::from_json(outer.dump(), "config.json").num_experts, 896);
+}
+
 TEST(Config, HiddenActNames) {
   for (const auto& [text, act] : std::vector<std::pair<std::string, Activation>>{
            {"situ", Activation::Situ}, {"silu", Activation::Swiglu}, {"swiglu", Activation::Swiglu},

@@ -151,6 +151,13 @@ std::vector<Case> corpus() {
          edit_json_file(d / kIndex, [](json& j) { j["weight_map"][kTensor] = "../x.safetensors"; });
        },
        {kIndex, kTensor, "../x.safetensors", "not a file name"}},
+      {"index_shard_name_with_a_nul",  // a C path would end at the NUL: another file than the index names
+       [](const fs::path& d) {
+         edit_json_file(d / kIndex, [](json& j) {
+           j["weight_map"][kTensor] = std::string("model-00001-of-00002.safetensors\0x", 34);
+         });
+       },
+       {kIndex, kTensor, "\\u0000x", "not a file name"}},
       {"index_invalid_json", [](const fs::path& d) { testing::write_text(d / kIndex, "{\"weight_map\": {"); },
        {kIndex, "not valid JSON"}},
       {"index_nested_a_million_deep",

@@ -464,6 +464,11 @@ TEST(Synthetic, RejectsBadSpecs) {
   spec.num_shards = 2;
   spec.config.intermediate = 96;
   expect_error([&] { synthesize_experts(spec, 1, {1, 0}); }, {"moe_intermediate_size", "64"});
+  spec = reduced_spec();
+  spec.prefix = "m\xe9.";  // Latin-1, not UTF-8: the index and headers could not hold the names
+  expect_error([&] { write_synthetic_checkpoint(dir.path() / "latin1", spec); }, {"prefix must be UTF-8"});
+  EXPECT_FALSE(fs::exists(dir.path() / "latin1"));
+  expect_error([&] { write_synthetic_checkpoint("", reduced_spec()); }, {"output directory", "empty path"});
 }
 
 // The generator's tabulated encoder gives quantize_mxfp4_group's bytes, bit for bit.

@@ -57,7 +57,27 @@ def test_backend_gpu_without_a_usable_gpu_fails_before_loading():
 def test_a_negative_layer_or_seed_is_an_error_not_the_default_or_a_wrapped_value(command, tmp_path):
     result = k3moe(*command, cwd=tmp_path)
     assert result.returncode != 0
-    assert f"{command[-2]}: must be a non-negative integer, got {command[-1]}" in result.stderr, result.stderr
+    assert f"{command[-2]}: must be a non-negative decimal integer, got '{command[-1]}'" in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command,expected", [
+    (["reference", "--checkpoint", "unused", "--out", "unused", "--seed", "010"], "must be a decimal integer without leading zeros, got 010"),
+    (["run", "--ep-rank", "010"], "must be a decimal integer without leading zeros, got 010"),
+    (["make-checkpoint", "unused", "--layers", "1,010"], "must be a decimal integer without leading zeros, got 010"),
+    (["run", "--ep-size", "0x10"], "must be a non-negative decimal integer, got '0x10'"),
+    (["make-checkpoint", "unused", "--threads", ""], "must be a non-negative decimal integer, got ''"),
+    (["inspect", "unused", "--ep-size", "1e3"], "must be a non-negative decimal integer, got '1e3'"),
+    (["bench", "--tokens", "0b1"], "must be a non-negative decimal integer, got '0b1'"),
+    (["run", "--seed", "18446744073709551616"], "must be at most 18446744073709551615, got 18446744073709551616"),
+    (["make-checkpoint", "unused", "--seed", "99999999999999999999"], "must be at most 18446744073709551615"),
+], ids=lambda c: " ".join(c[:1] + c[-2:]) if isinstance(c, list) else None)
+def test_an_integer_is_plain_decimal_not_octal_hex_or_clamped(command, expected, tmp_path):
+    """CLI11 alone reads "010" as 8 and "0x10" as 16 and clamps a seed past 2^64 - 1: every integer
+    option takes decimal digits only, within range."""
+    result = k3moe(*command, cwd=tmp_path)
+    assert result.returncode != 0
+    assert f"{command[-2]}: {expected}" in result.stderr, result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -82,6 +102,7 @@ def test_bench_with_no_case_selected_is_an_error_not_an_empty_table():
 @pytest.mark.parametrize("out,message", [
     ("no/such/dir/r.safetensors", "the directory no/such/dir does not exist"),
     (".", "is a directory, not a file to write"),
+    ("", "--out must name the file to write, got an empty path"),
 ])
 def test_reference_checks_where_its_output_goes_before_loading(out, message, tmp_path):
     result = k3moe("reference", "--checkpoint", "unused", "--out", out, cwd=tmp_path)
