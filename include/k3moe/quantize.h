@@ -8,7 +8,8 @@
 //     Scales are bytes [rows, cols/32]; read as int32 on a little-endian machine they ARE the
 //     packed [rows, cols/128] int32 form (group g at byte g mod 4).
 //   NVFP4 (weights): per 16 values, UE4M3 block scale and one fp32 global scale per tensor:
-//     global = amax(tensor) / (448 * 6) (1 when the tensor is all zeros),
+//     global = amax(tensor) / (448 * 6) (1 when the tensor is all zeros; at least the smallest
+//     float, which a tensor of values below ~4e-42 would otherwise underflow),
 //     block = float_to_ue4m3(amax(block) / (6 * global)), codes float_to_e2m1(x / (block * global)).
 #pragma once
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "k3moe/error.h"
 #include "k3moe/formats.h"
@@ -70,7 +71,9 @@ Nvfp4Matrix quantize_nvfp4(std::span<const float> values, int rows, int cols) {
                 std::vector<uint8_t>(size_t(rows) * cols / kNvGroup), 1.0f};
   const float amax = values.empty() ? 0.0f : group_amax(values.data(), int64_t(values.size()));
   K3MOE_CHECK(is_finite(amax), "quantize_nvfp4: the tensor holds NaN or Inf (NVFP4 has no NaN scale)");
-  if (amax > 0.0f) m.global_scale = amax / (kE4M3Max * kE2M1Max);
+  // NOTE: at least the smallest float: a tensor of tiny non-zero values keeps a scale it can be
+  // decoded with (amax / 2688 underflows to 0 below ~4e-42).
+  if (amax > 0.0f) m.global_scale = std::max(amax / (kE4M3Max * kE2M1Max), std::numeric_limits<float>::denorm_min());
   for (int64_t g = 0; g < int64_t(rows) * cols / kNvGroup; ++g) {
     const float* v = values.data() + g * kNvGroup;
     const uint8_t s = float_to_ue4m3(group_amax(v, kNvGroup) / (kE2M1Max * m.global_scale));

@@ -93,6 +93,13 @@ __global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? 5 : 3) activation_
 
 }  // namespace
 
+void check_activation_rows(int64_t max_rows, int intermediate, int sm_count) {
+  const int64_t items = max_rows * (intermediate / kVector);
+  const int64_t max_items = (int64_t(1) << 31) - int64_t(sm_count) * 8 * kThreads;
+  K3MOE_CHECK(items < max_items, "activation stage: ", max_rows, " rows x I / 4 = ", items,
+              " items, its 32-bit indices hold fewer than ", max_items, " (fewer tokens per forward, or K whole)");
+}
+
 void launch_activation(const ActivationArgs& args, cudaStream_t stream) {
   K3MOE_CHECK(args.splits >= 1 && args.splits <= kMaxActivationSplits, "activation stage: ", args.splits,
               " splits, at most ", kMaxActivationSplits);
@@ -100,9 +107,7 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream) {
               " must be a multiple of ", 32 * kVector);
   const int64_t threads = int64_t(args.max_rows) * (args.intermediate / kVector);
   if (threads == 0) return;
-  const int64_t max_items = (int64_t(1) << 31) - int64_t(args.sm_count) * 8 * kThreads;
-  K3MOE_CHECK(threads < max_items, "activation stage: max_rows ", args.max_rows, " x I / 4 = ", threads,
-              " items, its 32-bit indices hold fewer than ", max_items);
+  check_activation_rows(args.max_rows, args.intermediate, args.sm_count);
   // Released early, as many CTAs per SM as fit beside GEMM1's: every CTA is then resident and has
   // released GEMM2 while GEMM1 runs.
   const int per_sm = args.release_early ? activation_ctas_beside_gemm1(args.splits) : 8;

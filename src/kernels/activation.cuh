@@ -35,6 +35,9 @@ struct ActivationArgs {
 };
 
 void launch_activation(const ActivationArgs& args, cudaStream_t stream);
+// Throws unless the stage's 32-bit indices hold max_rows x I / 4 items (what launch_activation
+// checks; MoePlan::forward checks it before it enqueues anything).
+void check_activation_rows(int64_t max_rows, int intermediate, int sm_count);
 // Released early: the CTAs per SM the stage runs for `splits` (2 for the 2-split kernel's 48
 // registers, 1 for the other's 80).
 int activation_ctas_beside_gemm1(int splits);

@@ -121,12 +121,20 @@ void check_problem(const ReferenceProblem& p) {
   K3MOE_CHECK(r.weights.size() == size_t(p.tokens) * size_t(r.top_k), "reference_forward: routing weights must be [",
               p.tokens, ", ", r.top_k, "] fp32, got ", r.weights.size(), " values");
   check_routing_ids(r.ids, p.tokens, r.top_k, int(E));
+  K3MOE_CHECK(p.mode == Mode::A16 || p.mode == Mode::Mxfp8, "reference_forward: mode must be A16 or Mxfp8, got ",
+              int(p.mode));
+  K3MOE_CHECK(p.activation == Activation::Situ || p.activation == Activation::Swiglu ||
+                  p.activation == Activation::SwigluOai,
+              "reference_forward: activation must be Situ, Swiglu or SwigluOai, got ", int(p.activation));
+  p.params.validate();
 }
 
 }  // namespace
 
 std::vector<double> reference_forward(const ReferenceProblem& p, Precision precision) {
   check_problem(p);
+  K3MOE_CHECK(precision == Precision::Ideal || precision == Precision::Emulate,
+              "reference_forward: precision must be Ideal or Emulate, got ", int(precision));
   const MoeConfig& c = p.experts->config;
   const size_t pair_bytes = size_t(p.routing->top_k) * (size_t(2) * c.intermediate + c.hidden) * sizeof(double);
   const int chunk = int(std::clamp<size_t>(kChunkBudget / pair_bytes, 1, size_t(std::max(p.tokens, 1))));

@@ -40,6 +40,8 @@ Routing route_reference(std::span<const float> logits, std::span<const float> bi
   K3MOE_CHECK(tokens >= 0, "route_reference: tokens must be >= 0, got ", tokens);
   K3MOE_CHECK(E >= 1, "route_reference: num_experts must be >= 1, got ", E);
   K3MOE_CHECK(K >= 1 && K <= E, "route_reference: top_k must be in [1, num_experts = ", E, "], got ", K);
+  K3MOE_CHECK(std::isfinite(config.routed_scaling_factor) && config.routed_scaling_factor > 0.0f,
+              "route_reference: routed_scaling_factor must be finite and > 0, got ", config.routed_scaling_factor);
   K3MOE_CHECK(logits.size() == size_t(tokens) * size_t(E), "route_reference: logits must be [", tokens,
               ", ", E, "] fp32 (", int64_t(tokens) * E, " values), got ", logits.size(), " values");
   K3MOE_CHECK(bias.size() == size_t(E), "route_reference: bias must be [", E, "] fp32, got ",

@@ -11,6 +11,7 @@
 #include "kernels/expert_layout.cuh"
 #include "runtime/device_buffer.h"
 #include "runtime/device_experts_impl.h"
+#include "runtime/tensor_checks.h"
 #include "runtime/worker_threads.h"
 
 namespace k3moe {
@@ -87,6 +88,8 @@ void check_layout_dimensions(const MoeConfig& c) {
 }  // namespace
 
 KernelLayoutSizes kernel_layout_sizes(const MoeConfig& c, ExpertParallel ep) {
+  c.validate();
+  ep.validate(c.num_experts);
   const int64_t L = ep.num_local(c.num_experts), H = c.hidden, I = c.intermediate;
   return {L * 2 * I * H / 2, L * 2 * I * H / 32, L * H * I / 2, L * H * I / 32};
 }
@@ -118,10 +121,13 @@ RankExperts from_kernel_layout(const KernelLayout& in, const MoeConfig& c, int l
   check_layout_dimensions(c);
   RankExperts out = RankExperts::allocate(c, layer, ep);
   const KernelLayoutSizes sizes = kernel_layout_sizes(c, ep);
-  K3MOE_CHECK(int64_t(in.w13_codes.size()) == sizes.w13_codes && int64_t(in.w13_scales.size()) == sizes.w13_scales &&
-                  int64_t(in.w2_codes.size()) == sizes.w2_codes && int64_t(in.w2_scales.size()) == sizes.w2_scales,
-              "kernel layout buffers do not match the config (w13 codes ", in.w13_codes.size(), " bytes, expected ",
-              sizes.w13_codes, ")");
+  const std::tuple<const char*, size_t, int64_t> buffers[] = {{"w13_codes", in.w13_codes.size(), sizes.w13_codes},
+                                                               {"w13_scales", in.w13_scales.size(), sizes.w13_scales},
+                                                               {"w2_codes", in.w2_codes.size(), sizes.w2_codes},
+                                                               {"w2_scales", in.w2_scales.size(), sizes.w2_scales}};
+  for (const auto& [name, bytes, expected] : buffers)
+    K3MOE_CHECK(int64_t(bytes) == expected, "from_kernel_layout: ", name, " holds ", bytes, " bytes, the config (H ",
+                c.hidden, ", I ", c.intermediate, ", ", ep.num_local(c.num_experts), " local experts) needs ", expected);
   const MatrixView w13{2 * c.intermediate, c.hidden, true}, w2{c.hidden, c.intermediate, false};
   const KernelLayoutSizes one = kernel_layout_sizes(c, ExpertParallel{c.num_experts, 0});  // per expert
   const int64_t w13_codes = one.w13_codes, w13_scales = one.w13_scales, w2_codes = one.w2_codes,
@@ -167,13 +173,18 @@ DeviceExperts DeviceExperts::upload(const RankExperts& experts, int device) {
 DeviceExperts DeviceExperts::view(const MoeConfig& config, ExpertParallel ep, int layer, int device, Pointers p) {
   config.validate();
   ep.validate(config.num_experts);
+  check_layout_dimensions(config);
   K3MOE_CHECK(p.w13_codes && p.w13_scales && p.w2_codes && p.w2_scales, "DeviceExperts::view needs all four pointers");
-  // The GEMMs' bulk copies fault (and leave the context unusable) on a source not 16-byte aligned.
+  int device_count = 0;
+  K3MOE_CUDA_CHECK(cudaGetDeviceCount(&device_count));
+  K3MOE_CHECK(device >= 0 && device < device_count, "DeviceExperts::view: device ", device, " does not exist (",
+              device_count, " CUDA devices)");
+  // The GEMMs' bulk copies fault (and leave the context unusable) on a source not 16-byte aligned,
+  // or in host memory.
   const std::pair<const char*, const void*> named[] = {
       {"w13_codes", p.w13_codes}, {"w13_scales", p.w13_scales}, {"w2_codes", p.w2_codes}, {"w2_scales", p.w2_scales}};
   for (const auto& [name, pointer] : named)
-    K3MOE_CHECK(reinterpret_cast<uintptr_t>(pointer) % 16 == 0, "DeviceExperts::view: ", name,
-                " must be 16-byte aligned, got address 0x", std::hex, reinterpret_cast<uintptr_t>(pointer));
+    check_device_memory(pointer, device, 16, std::string("DeviceExperts::view: ") + name);
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->ep = ep;

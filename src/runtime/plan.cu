@@ -211,16 +211,10 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
               "router_bias is given without router_logits (it is used only to route from logits)");
   if (args.topk_ids || !from_logits) check_tensor(args.topk_ids, "topk_ids", kI32, {T, K}, o.device);
   if (args.topk_weights || !from_logits) check_tensor(args.topk_weights, "topk_weights", kF32, {T, K}, o.device);
-  if (args.stage_times) {
-    cudaPointerAttributes where{};
-    K3MOE_CUDA_CHECK(cudaPointerGetAttributes(&where, args.stage_times));
-    const bool on_device = where.type == cudaMemoryTypeDevice || where.type == cudaMemoryTypeManaged;
-    K3MOE_CHECK(on_device && where.device == o.device && reinterpret_cast<uintptr_t>(args.stage_times) % 8 == 0,
-                "stage_times must be 8-byte aligned memory of device ", o.device, ", got ",
-                on_device ? "memory of device " + std::to_string(where.device) : std::string("host memory"), " at ",
-                static_cast<const void*>(args.stage_times));
-  }
+  if (args.stage_times) check_device_memory(args.stage_times, o.device, 8, "stage_times");
   if (T == 0) return;
+  const KernelChoice choice = kernel_choice(o, T, p.sm_count);
+  if (choice.gemm1_splits > 1) kernels::check_activation_rows(T * K, c.intermediate, p.sm_count);
 
   DeviceGuard guard(o.device);
   Workspace ws;
@@ -235,7 +229,6 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
                             stream);
   }
 
-  const KernelChoice choice = kernel_choice(o, T, p.sm_count);
   // The activations' MXFP8 rounding rides in the permutation's launch (neither reads what the
   // other writes).
   const uint16_t* x_act = data_ptr<uint16_t>(args.x);
@@ -343,6 +336,7 @@ int64_t MoePlan::workspace_bytes(int tokens) const {
 
 std::string MoePlan::describe(int tokens) const {
   const PlanOptions& o = impl_->options;
+  check_token_count(o.config, tokens, "describe: ");
   std::ostringstream out;
   out << "mode " << to_string(o.mode) << ", activation " << to_string(o.activation) << ", EP rank " << o.ep.rank
       << "/" << o.ep.size << " (" << impl_->num_local << " local experts from " << impl_->first_expert << ")\n"

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "k3moe/error.h"
+#include "runtime/cuda_check.h"
 
 namespace k3moe {
 
@@ -88,6 +89,17 @@ void check_tensor(const DLTensor* t, const char* name, DLDataType dtype, std::in
   K3MOE_CHECK(numel == 0 || t->data != nullptr, name, " has ", numel, " elements but no data pointer");
   const auto address = reinterpret_cast<uintptr_t>(static_cast<const char*>(t->data) + t->byte_offset);
   K3MOE_CHECK(address % 16 == 0, name, " must start 16-byte aligned, got address 0x", std::hex, address);
+}
+
+void check_device_memory(const void* pointer, int device, int alignment, const std::string& what) {
+  K3MOE_CHECK(reinterpret_cast<uintptr_t>(pointer) % uintptr_t(alignment) == 0, what, " must be ", alignment,
+              "-byte aligned, got address ", pointer);
+  cudaPointerAttributes where{};
+  K3MOE_CUDA_CHECK(cudaPointerGetAttributes(&where, pointer));
+  const bool on_device = where.type == cudaMemoryTypeDevice || where.type == cudaMemoryTypeManaged;
+  K3MOE_CHECK(on_device && where.device == device, what, " must be ", alignment, "-byte aligned memory of device ",
+              device, ", got ", on_device ? "memory of device " + std::to_string(where.device) : std::string("host memory"),
+              " at ", pointer);
 }
 
 }  // namespace k3moe

@@ -24,6 +24,9 @@ std::string describe_tensor(const DLTensor& tensor);
 void check_tensor(const DLTensor* t, const char* name, DLDataType dtype, std::initializer_list<int64_t> shape,
                   int device);
 bool same_dtype(DLDataType a, DLDataType b);
+// `pointer` must be device (or managed) memory of CUDA device `device` and `alignment`-byte
+// aligned: "<what> must be ... memory of device 0, got host memory at 0x...".
+void check_device_memory(const void* pointer, int device, int alignment, const std::string& what);
 
 template <class T>
 T* data_ptr(const DLTensor* t) {

@@ -279,6 +279,10 @@ TEST(QuantizeNvfp4, ZerosAndNonFinite) {
   // Groups of 16: 48 columns (not a multiple of 32) are three groups.
   const Nvfp4Matrix three = quantize_nvfp4(std::vector<float>(48, 1.0f), 1, 48);
   EXPECT_EQ(three.scales.size(), 3u);
+  // Values so small that amax / 2688 underflows: the global scale stays a positive float.
+  const Nvfp4Matrix tiny = quantize_nvfp4(std::vector<float>(16, 1e-42f), 1, 16);
+  EXPECT_GT(tiny.global_scale, 0.0f);
+  EXPECT_NE(tiny.scales[0], 0);  // and the block decodes to about 1e-42, not to zeros
 }
 
 }  // namespace

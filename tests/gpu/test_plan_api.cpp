@@ -12,6 +12,7 @@
 #include "k3moe/formats.h"
 #include "kernels/expert_gemm.cuh"
 #include "k3moe/synthetic.h"
+#include "runtime/device_buffer.h"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
 
@@ -83,16 +84,40 @@ TEST(DeviceExperts, RejectsScalesTheKernelsCannotHold) {
   testing::expect_error([&] { DeviceExperts::upload(host, 0); }, {"expert 0", "w3.weight_scale[5, 2]", "140"});
 }
 
+// Host-only: the layout's sizes and buffers are checked against a valid configuration.
+TEST(KernelLayout, SizesAndBuffersAreChecked) {
+  testing::expect_error([] { kernel_layout_sizes(small_config(), ExpertParallel{0, 0}); }, {"EP size"});
+  testing::expect_error([] { kernel_layout_sizes(small_config(), ExpertParallel{3, 5}); }, {"EP"});
+  MoeConfig negative = small_config();
+  negative.hidden = -128;
+  testing::expect_error([&] { kernel_layout_sizes(negative, ExpertParallel{1, 0}); }, {"-128"});
+  KernelLayout layout = to_kernel_layout(small_experts());
+  layout.w2_scales.pop_back();
+  testing::expect_error([&] { from_kernel_layout(layout, small_config(), 1, ExpertParallel{1, 0}); },
+                        {"from_kernel_layout: w2_scales holds", "needs"});
+}
+
 TEST(DeviceExperts, ViewRefusesPointersTheBulkCopiesCannotRead) {
-  // Host-only: view() checks the pointers without touching the GPU, so this runs anywhere.
-  alignas(16) static uint8_t bytes[64];
-  DeviceExperts::Pointers p{bytes, bytes + 16, bytes + 32, bytes + 48};
+  K3MOE_REQUIRE_GPU();
+  DeviceBuffer device_bytes(4 * 256);
+  uint8_t* d = device_bytes.get<uint8_t>();
+  DeviceExperts::Pointers p{d, d + 256, d + 512, d + 768};
   EXPECT_NO_THROW(DeviceExperts::view(small_config(), {1, 0}, 1, 0, p));
-  p.w2_codes = bytes + 33;
+  p.w2_codes = d + 513;
   testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); },
                         {"w2_codes must be 16-byte aligned"});
+  // Host memory (the kernel layout's vectors, say) would fault the GEMMs' bulk copies.
+  alignas(16) static uint8_t host_bytes[64];
+  p.w2_codes = host_bytes;
+  testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); },
+                        {"w2_codes must be", "memory of device 0", "got host memory"});
   p.w2_codes = nullptr;
   testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); }, {"all four pointers"});
+  p.w2_codes = d + 512;
+  testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 99, p); }, {"device 99 does not exist"});
+  MoeConfig odd = small_config();
+  odd.intermediate = 192;
+  testing::expect_error([&] { DeviceExperts::view(odd, {1, 0}, 1, 0, p); }, {"multiples of 128", "I = 192"});
 }
 
 struct Buffers {
@@ -183,6 +208,9 @@ TEST(MoePlan, ZeroTokensReturnsAtOnce) {
   Buffers b(0, c);
   plan.forward(experts, b.args(), nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // describe() takes the token counts forward() takes, and names the others.
+  EXPECT_NE(plan.describe(0).find("expert GEMMs"), std::string::npos);
+  testing::expect_error([&] { plan.describe(-5); }, {"describe: -5 tokens", "split the batch"});
 }
 
 TEST(MoePlan, RejectsActivationSettingsTheKernelsCannotRun) {

@@ -474,6 +474,19 @@ TEST(ReferenceForward, RejectsInconsistentInputs) {
   p = rc.problem(Mode::A16, Activation::Situ);
   p.experts = nullptr;
   expect_error([&] { reference_forward(p, Precision::Ideal); }, {"problem.experts is null"});
+  // The activation's parameters and the enums, as MoePlan::create checks them: a beta of 0 made
+  // the output silently zero, an unknown enum ran another variant.
+  p = rc.problem(Mode::A16, Activation::Situ);
+  p.params.situ_beta = 0.0f;
+  expect_error([&] { reference_forward(p, Precision::Ideal); }, {"situ_beta must be finite and > 0, got 0"});
+  p.params.situ_beta = std::numeric_limits<float>::quiet_NaN();
+  expect_error([&] { reference_forward(p, Precision::Ideal); }, {"situ_beta must be finite"});
+  p = rc.problem(Mode::A16, Activation(7));
+  expect_error([&] { reference_forward(p, Precision::Ideal); }, {"activation must be Situ, Swiglu or SwigluOai, got 7"});
+  p = rc.problem(Mode(5), Activation::Situ);
+  expect_error([&] { reference_forward(p, Precision::Ideal); }, {"mode must be A16 or Mxfp8, got 5"});
+  p = rc.problem(Mode::A16, Activation::Situ);
+  expect_error([&] { reference_forward(p, Precision(9)); }, {"precision must be Ideal or Emulate, got 9"});
   RankExperts broken = rc.experts;
   broken.w2_scale.pop_back();
   p = rc.problem(Mode::A16, Activation::Situ);

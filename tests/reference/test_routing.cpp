@@ -277,6 +277,12 @@ TEST(Routing, ZeroTokensAndBadInputs) {
                {"top_k must be in [1, num_experts = 8]", "got 9"});
   expect_error([&] { route_reference(std::vector<float>(8), bias, 1, router_config(8, 0)); },
                {"top_k must be in [1, num_experts = 8]", "got 0"});
+  for (const float scaling : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN()}) {
+    MoeConfig scaled = c;
+    scaled.routed_scaling_factor = scaling;
+    expect_error([&] { route_reference(std::vector<float>(16), bias, 2, scaled); },
+                 {"routed_scaling_factor must be finite and > 0"});
+  }
 }
 
 TEST(CheckRoutingIds, AcceptsValidIdsAndEmptySlots) {
