@@ -187,11 +187,9 @@ at::Tensor run_forward(const char* op, const at::Tensor& x, const std::optional<
   const at::Tensor out = out_given ? *out_given : at::empty({T, H}, x.options().dtype(at::kBFloat16));
 
   translate_errors(op, [&] {
-    const PlanOptions& o = plan.options();
-    const DeviceExperts experts = DeviceExperts::view(
-        o.config, o.ep, /*layer=*/0, key.device,
-        {w.w13_codes.data_ptr<uint8_t>(), w.w13_scales.data_ptr<uint8_t>(), w.w2_codes.data_ptr<uint8_t>(),
-         w.w2_scales.data_ptr<uint8_t>()});
+    const std::shared_ptr<const DeviceExperts> experts = experts_view(
+        plan, {w.w13_codes.data_ptr<uint8_t>(), w.w13_scales.data_ptr<uint8_t>(), w.w2_codes.data_ptr<uint8_t>(),
+               w.w2_scales.data_ptr<uint8_t>()});
     const StreamWorkspace workspace(plan.workspace_bytes(tokens), device, stream);
     const DLTensor x_dl = borrow(x), ids_dl = borrow(topk_ids), weights_dl = borrow(topk_weights);
     DLTensor out_dl = borrow(out);
@@ -205,7 +203,7 @@ at::Tensor run_forward(const char* op, const at::Tensor& x, const std::optional<
     args.topk_ids = &ids_dl;
     args.topk_weights = &weights_dl;
     args.out = &out_dl;
-    plan.forward(experts, args, stream, workspace.data());
+    plan.forward(*experts, args, stream, workspace.data());
   });
   return out;
 }

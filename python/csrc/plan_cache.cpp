@@ -47,4 +47,21 @@ const MoePlan& plan_for(const PlanKey& key, cudaStream_t stream) {
   return *plans.emplace(key, std::move(plan)).first->second;
 }
 
+std::shared_ptr<const DeviceExperts> experts_view(const MoePlan& plan, const DeviceExperts::Pointers& p) {
+  using Key = std::tuple<const MoePlan*, const void*, const void*, const void*, const void*>;
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<const DeviceExperts>> views;
+  const Key key{&plan, p.w13_codes, p.w13_scales, p.w2_codes, p.w2_scales};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = views.find(key); it != views.end()) return it->second;
+  }
+  const PlanOptions& o = plan.options();
+  auto view = std::make_shared<const DeviceExperts>(DeviceExperts::view(o.config, o.ep, /*layer=*/0, o.device, p));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (views.size() >= 4096) views.clear();  // callers keep theirs alive
+  views.emplace(key, view);
+  return view;
+}
+
 }  // namespace k3moe::torch_binding

@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <memory>
 #include <tuple>
 
 #include "k3moe/plan.h"
@@ -37,5 +38,11 @@ struct PlanKey {
 // failure) and must not happen while `stream` is being captured into a CUDA graph: the first call
 // for a configuration has to run eagerly (KimiK3RoutedExperts does it at construction).
 const MoePlan& plan_for(const PlanKey& key, cudaStream_t stream);
+
+// The DeviceExperts view of four kernel-layout tensors for `plan` (layer 0, the plan's device),
+// made once per (plan, pointers): a view checks its pointers with the driver, a few calls the
+// eager forward would otherwise pay every time. Views hold pointers only; the tensors are checked
+// on every call before one is used. At most 4096 are kept (then the set starts again).
+std::shared_ptr<const DeviceExperts> experts_view(const MoePlan& plan, const DeviceExperts::Pointers& pointers);
 
 }  // namespace k3moe::torch_binding
