@@ -63,7 +63,7 @@ status=0
 
 if want tests; then
   start=$(date +%s)
-  "$bin/k3moe_gpu_tests" --gtest_output="json:$out/gpu_tests.json" > "$out/gpu_tests.log" 2>&1
+  K3MOE_REQUIRE_GPU=1 "$bin/k3moe_gpu_tests" --gtest_output="json:$out/gpu_tests.json" > "$out/gpu_tests.log" 2>&1
   rc=$?
   counts=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu_tests.log" | tr '\n' ' ')
   record "gpu tests" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$counts ($(( $(date +%s) - start )) s)"

@@ -166,6 +166,9 @@ TEST(CheckpointLarge, FullSizeLayerEp32Rank7ReadsOnlyItsExperts) {
     // Shards without any of the rank's experts stay untouched (not even their headers).
     for (size_t i = 0; i < shards.size(); ++i)
       if (i != 1 && i != 2) EXPECT_EQ(resident_after[i], 0u) << shards[i];
+    // The kernel's own count of bytes read from storage: no readahead past the rank's ranges.
+    if (io_before >= 0 && io_after >= 0)
+      EXPECT_LE(double(io_after - io_before), 1.01 * double(rank_expected)) << "bytes read from storage";
   }
 
   t0 = std::chrono::steady_clock::now();

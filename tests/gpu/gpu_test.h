@@ -1,9 +1,12 @@
-// GPU tests skip, with the reason, where no Hopper GPU is present (CI has none). Host <-> device
-// copies of whole vectors for the kernel-level tests.
+// GPU tests skip, with the reason, where no Hopper GPU is present (CI has none); with
+// K3MOE_REQUIRE_GPU=1 in the environment (scripts/gpu-check.sh on the GPU machine) they fail
+// instead, so that a driver or device problem there cannot pass as skips. Host <-> device copies
+// of whole vectors for the kernel-level tests.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -11,13 +14,21 @@
 #include "runtime/cuda_check.h"
 #include "runtime/device_buffer.h"
 
-#define K3MOE_REQUIRE_GPU()                                             \
-  do {                                                                  \
-    std::string why_;                                                   \
-    if (!k3moe::hopper_gpu_available(&why_)) GTEST_SKIP() << "needs a Hopper GPU: " << why_; \
+#define K3MOE_REQUIRE_GPU()                                                                              \
+  do {                                                                                                   \
+    std::string why_;                                                                                    \
+    if (!k3moe::hopper_gpu_available(&why_)) {                                                           \
+      if (k3moe::testing::gpu_required()) FAIL() << "needs a Hopper GPU (K3MOE_REQUIRE_GPU=1): " << why_; \
+      GTEST_SKIP() << "needs a Hopper GPU: " << why_;                                                    \
+    }                                                                                                    \
   } while (0)
 
 namespace k3moe::testing {
+
+inline bool gpu_required() {
+  const char* value = std::getenv("K3MOE_REQUIRE_GPU");
+  return value != nullptr && std::string(value) == "1";
+}
 
 template <class T>
 DeviceBuffer to_device(const std::vector<T>& host) {

@@ -111,6 +111,7 @@ TEST(RoutingKernel, NonFiniteLogitsGiveValidDistinctIdsAndFiniteWeights) {
   const Routing got = gpu_route(plan, logits, bias, T);
   const Routing want = route_reference(logits, bias, T, config);
   EXPECT_EQ(got.ids, want.ids);
+  EXPECT_EQ(got.weights, want.weights);  // bit-exact here too: a NaN score weighs 0 in both
   for (int t = 0; t < T; ++t) {
     std::vector<bool> seen(E, false);
     for (int k = 0; k < K; ++k) {
@@ -261,6 +262,8 @@ void check_combine_mappings(int splits) {
   for (auto mapping : {kernels::CombineMapping::LaneGroups, kernels::CombineMapping::ThreadPerOutputs,
                        kernels::CombineMapping::TokenWarps}) {
     DeviceTensor out({T, H}, kBf16, 0);
+    // NaN-filled: a mapping that wrote nothing cannot pass on the previous mapping's freed output.
+    K3MOE_CUDA_CHECK(cudaMemset(out.data(), 0xFF, size_t(out.bytes())));
     kernels::CombineArgs a;
     a.y = static_cast<const float*>(dy.data());
     a.split_stride = int64_t(rows) * H;
@@ -367,6 +370,9 @@ TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
       // Stale counts in every tile's fourth field: the wgmma GEMM2 starts a tile when GEMM1's count
       // there reaches its target, so the permutation must zero it.
       K3MOE_CUDA_CHECK(cudaMemset(tiles.get<uint8_t>(), 0x7F, size_t(tiles.bytes())));
+      // Every other output starts as garbage (0xAB bytes), not as the previous kernel's freed results.
+      for (DeviceBuffer* b : {&offset, &row_token, &slot_row, &num_tiles})
+        if (b->bytes() > 0) K3MOE_CUDA_CHECK(cudaMemset(b->get<uint8_t>(), 0xAB, size_t(b->bytes())));
       kernels::PermuteArgs a;
       a.ids = d_ids.get<int32_t>();
       a.tokens = c.tokens;
@@ -382,6 +388,8 @@ TEST(PermuteKernel, EveryKernelGivesTheHostSchedule) {
       a.unit_counters = counters.get<int>();
       a.block_rows = scratch.get<int32_t>();
       DeviceBuffer codes(x.size()), scales(x.size() / 32), dequant(2 * x.size());
+      for (DeviceBuffer* b : {&codes, &scales, &dequant})
+        if (b->bytes() > 0) K3MOE_CUDA_CHECK(cudaMemset(b->get<uint8_t>(), 0xAB, size_t(b->bytes())));
       const bool from_codes = int(kernel) % 2 == 0;
       const kernels::Mxfp8Buffers got{codes.get<uint8_t>(), scales.get<uint8_t>(), dequant.get<uint16_t>()};
       a.rounding = from_codes ? kernels::dequantizing(want.codes, want.scales, c.tokens, kH, got.x_dequant)
