@@ -1,14 +1,18 @@
 """torch.ops.k3moe.forward against the pure-PyTorch model of the experts (k3moe_torch_reference).
 
-Tolerances, per mode, the library's own (src/validation/validation.cpp, docs/PRECISION.md):
+Tolerances, per mode, about twice the largest measured (docs/PRECISION.md; the library's own
+matrix: src/validation/validation.cpp):
   vs the emulating reference (the mode's roundings applied where the kernels apply them):
-    a16:   rel-L2 <= 2e-3. The kernel and the model differ only in fp32 summation order (and an
+    a16:   rel-L2 <= 1e-3. The kernel and the model differ only in fp32 summation order (and an
            fp32 matmul's blocking), which now and then flips a bf16 rounding of `a` or of `out`
-           by one unit (2^-8 relative) on a small fraction of elements.
-    mxfp8: rel-L2 <= 1e-2. The same flips, but in an E4M3 intermediate one unit is 2^-3
+           by one unit (2^-8 relative) on a small fraction of elements: the matrix's 6e-4, plus
+           the model's own distance from the library's emulation (up to 2.9e-4, the oracle test).
+           Measured here: up to 2.4e-4.
+    mxfp8: rel-L2 <= 2.5e-3. The same flips, but in an E4M3 intermediate one unit is 2^-3
            relative, and a whole group moves when its amax crosses a power of two.
-  vs the ideal reference (no rounding at all): 5x the mode's own rounding error,
-    a16: rel-L2 <= 2e-2 (bf16 `a` and `out`, ~4e-3); mxfp8: <= 1.5e-1 (E4M3 x and a, ~3e-2).
+  vs the ideal reference (no rounding at all), about twice the mode's own rounding error:
+    a16: rel-L2 <= 5e-3 (bf16 `a` and `out`, measured ~2.4e-3); mxfp8: <= 1.5e-1 (E4M3 x and a,
+    measured up to 8.2e-2).
 Outputs are pre-filled with NaN where the caller gives `out`, so an unwritten element fails.
 """
 
@@ -22,7 +26,7 @@ import k3moe_torch_reference as ref  # noqa: E402
 
 pytestmark = pytest.mark.hopper
 
-TOLERANCE = {"a16": (2e-3, 2e-2), "mxfp8": (1e-2, 1.5e-1)}  # (vs emulate, vs ideal)
+TOLERANCE = {"a16": (1e-3, 5e-3), "mxfp8": (2.5e-3, 1.5e-1)}  # (vs emulate, vs ideal)
 SMALL = dict(num_experts=16, top_k=4, hidden=512, intermediate=256)
 
 
@@ -112,7 +116,7 @@ def test_forward_expert_parallel(ep_size):
     whole = ref.forward(x, ids, weights, *raw, first_expert=0, mode="a16", activation_kind="situ",
                         params=dict(situ_beta=4.0, situ_linear_beta=25.0), precision="ideal")
     # NOTE: P partial sums each rounded to bf16 (2^-9 relative), on top of the a16 bound.
-    assert ref.rel_l2(total, whole) <= TOLERANCE["a16"][1]
+    assert ref.rel_l2(total, whole) <= TOLERANCE["a16"][1] + ep_size * 2.0 ** -9
 
 
 def test_forward_out_and_unused_rows(small_experts):

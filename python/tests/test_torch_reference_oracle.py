@@ -5,7 +5,8 @@ torch.classes.k3moe.Checkpoint. Runs on the CPU; needs K3MOE_BIN (the k3moe prog
 Bounds: routing ids equal and weights bit for bit (the same fp32 operations in the same order).
 Emulate: the two differ only where h lands within a few fp32 ulps of a bf16 / E4M3 rounding
 boundary of `a` or `out` (fp32 matmul here, exact float64 products rounded once there; torch's tanh
-and exp against the C library's), so the kernels' bounds apply (a16 2e-3, mxfp8 1e-2). Ideal: an
+and exp against the C library's): measured up to 2.9e-4 in a16 and 0 in mxfp8 (Session 43's log),
+bounded at a16 1e-3, mxfp8 2.5e-3 (test_torch_forward.py's bounds). Ideal: an
 fp32 matmul of n <= 256 terms against float64, ~sqrt(n) 2^-24 ~ 1e-6 relative: <= 1e-5.
 """
 
@@ -24,7 +25,7 @@ import k3moe_torch_reference as ref  # noqa: E402
 K3MOE_BIN = os.environ.get("K3MOE_BIN")
 pytestmark = pytest.mark.skipif(not K3MOE_BIN, reason="K3MOE_BIN is not set (path of the k3moe program)")
 
-BOUNDS = {"a16": 2e-3, "mxfp8": 1e-2}
+BOUNDS = {"a16": 1e-3, "mxfp8": 2.5e-3}
 IDEAL_BOUND = 1e-5
 
 

@@ -256,13 +256,13 @@ double ep_sum_distance(const Case& c, const Inputs& in, const std::vector<uint16
 }  // namespace
 
 Tolerance tolerance(Mode mode) {
-  // docs/PRECISION.md derives these. a16: the kernels and the emulation differ only by fp32
-  // accumulation order, which flips a bf16 rounding of `a` or of `out` now and then (one unit,
-  // 2^-8 relative, on a small fraction of elements): far below 2e-3. mxfp8: such a flip in an
-  // E4M3 intermediate moves it by one E4M3 unit (2^-3 relative, or a whole group when the amax
-  // crosses a power of two), hence 1e-2. The ideal bound is 5x the mode's own rounding error
-  // (bf16 a: ~4e-3; E4M3 x and a: ~3e-2).
-  return mode == Mode::A16 ? Tolerance{2e-3, 0.99999, 2e-2} : Tolerance{1e-2, 0.9999, 1.5e-1};
+  // docs/PRECISION.md derives these: about twice the largest the matrix has measured (the same
+  // figures in every run since 3207deb: the kernels and inputs are deterministic), so that an
+  // output rounded the wrong way fails. a16: 2.65e-4 vs emulation, 2.62e-3 vs ideal; mxfp8:
+  // 1.13e-3 (a T = 90 case whose group amaxes cross powers of two; the others below 2e-4) and
+  // 6.95e-2 (extreme scales). A cosine bound would add nothing: rel-L2 r implies cosine
+  // >= sqrt(1 - r^2).
+  return mode == Mode::A16 ? Tolerance{6e-4, 5e-3} : Tolerance{2.5e-3, 1.5e-1};
 }
 
 std::vector<Case> matrix(bool quick) {
@@ -399,7 +399,6 @@ Result run(const Case& c) {
   res.vs_emulate = compare_outputs(gpu, ref_emulate);
   res.vs_ideal = compare_outputs(gpu, ref_ideal);
   if (!(res.vs_emulate.rel_l2 <= tol.rel_l2)) fail("rel-L2 vs emulation above " + std::to_string(tol.rel_l2));
-  if (!(res.vs_emulate.cosine >= tol.cosine)) fail("cosine vs emulation below " + std::to_string(tol.cosine));
   if (!(res.vs_ideal.rel_l2 <= tol.ideal_rel_l2)) fail("rel-L2 vs ideal above " + std::to_string(tol.ideal_rel_l2));
 
   if (c.tokens > 0) {
@@ -511,7 +510,7 @@ std::string results_json(const std::vector<Result>& results, const std::string& 
                     {"rel_l2_vs_ideal", r.vs_ideal.rel_l2},
                     {"cosine_vs_ideal", r.vs_ideal.cosine},
                     {"tolerance_rel_l2", tol.rel_l2},
-                    {"tolerance_cosine", tol.cosine},
+                    {"tolerance_ideal_rel_l2", tol.ideal_rel_l2},
                     {"ids_exact", r.ids_exact},
                     {"finite_mask_ok", r.finite_mask_ok},
                     {"repeat_bitwise", r.repeat_bitwise},
