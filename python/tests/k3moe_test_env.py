@@ -47,3 +47,23 @@ def require_package():
     import k3moe
 
     return torch, k3moe
+
+
+def require_tool(available: bool, why: str) -> None:
+    """A module-level skip when a tool a test module needs (the safetensors package, the k3moe
+    program) is missing; under K3MOE_REQUIRE_GPU=1 (the GPU machine's full run) an error instead,
+    so that a test of the tests' own reference cannot pass there as "skipped"."""
+    if available:
+        return
+    if REQUIRE_GPU:
+        raise RuntimeError(f"K3MOE_REQUIRE_GPU=1 but {why}")
+    pytest.skip(why, allow_module_level=True)
+
+
+def import_safetensors_torch():
+    """safetensors.torch, or require_tool's skip / error."""
+    try:
+        import safetensors.torch
+    except ImportError as e:
+        require_tool(False, f"the safetensors package is not installed ({e})")
+    return safetensors.torch

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from k3moe_test_env import require_package
+from k3moe_test_env import import_safetensors_torch, require_package
 
 torch, k3moe = require_package()
-safetensors_torch = pytest.importorskip("safetensors.torch", reason="the safetensors package is not installed")
+safetensors_torch = import_safetensors_torch()
 import k3moe_torch_cases as cases  # noqa: E402
 
 E, K, H, I, D = 16, 4, 256, 128, 64  # D: the model width the router sees

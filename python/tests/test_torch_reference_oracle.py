@@ -16,14 +16,14 @@ import subprocess
 
 import pytest
 
-from k3moe_test_env import require_package
+from k3moe_test_env import import_safetensors_torch, require_package, require_tool
 
 torch, k3moe = require_package()
-safetensors_torch = pytest.importorskip("safetensors.torch", reason="the safetensors package is not installed")
+safetensors_torch = import_safetensors_torch()
 import k3moe_torch_reference as ref  # noqa: E402
 
 K3MOE_BIN = os.environ.get("K3MOE_BIN")
-pytestmark = pytest.mark.skipif(not K3MOE_BIN, reason="K3MOE_BIN is not set (path of the k3moe program)")
+require_tool(bool(K3MOE_BIN), "K3MOE_BIN is not set (path of the k3moe program)")
 
 BOUNDS = {"a16": 1e-3, "mxfp8": 2.5e-3}
 IDEAL_BOUND = 1e-5
