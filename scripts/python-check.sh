@@ -9,7 +9,8 @@
 #   PYTHON=$(scripts/torch-venv.sh) K3MOE_REQUIRE_GPU=0 scripts/python-check.sh OUTDIR   (no GPU)
 #
 # Environment: PYTHON (default python3), K3MOE_REQUIRE_GPU (default 1: a test that would skip for
-# want of torch, the package or a Hopper GPU fails instead), BUILD_DIR (default build-py-wheel,
+# want of torch, the package, a Hopper GPU, the k3moe program or the safetensors package fails
+# instead), BUILD_DIR (default build-py-wheel,
 # kept between runs so that a warm machine rebuilds only what changed), K3MOE_BIN (the k3moe
 # program for the oracle test; default: built here, host code only, into build-py-host).
 source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
@@ -88,8 +89,8 @@ if ! readelf -d "$lib" | grep -q 'NEEDED.*libstdc++' || nm -D --defined-only "$l
 fi
 record "C++ runtime" ok "$(grep -o 'k3moe torch binding: .*' "$out/pip-install.log" | head -n 1 | cut -c 22-)"
 
-# ---- the library's float64 reference CLI, for the test of the tests' own reference (optional:
-# without it that test skips). DLPack's header is the copy the binding's build made from torch.
+# ---- the library's float64 reference CLI, for the test of the tests' own reference (without it
+# that test skips, or fails under K3MOE_REQUIRE_GPU=1). DLPack's header is the copy the binding's build made from torch.
 if [ -z "${K3MOE_BIN:-}" ]; then
   start=$(date +%s)
   if cmake -S "$root" -B "$root/build-py-host" -DK3MOE_CUDA=OFF -DK3MOE_BUILD_TESTS=OFF \
@@ -98,7 +99,7 @@ if [ -z "${K3MOE_BIN:-}" ]; then
     export K3MOE_BIN="$root/build-py-host/tools/k3moe"
     record "reference CLI" ok "$(( $(date +%s) - start )) s"
   else
-    record "reference CLI" skip "build failed, see reference-cli-build.log (the oracle test skips)"
+    record "reference CLI" skip "build failed, see reference-cli-build.log (the oracle test skips, or fails under K3MOE_REQUIRE_GPU=1)"
   fi
 fi
 

@@ -2,7 +2,7 @@
 # The main job: builds, then runs one Kimi-K3 MoE layer's routed experts (a synthetic full-size
 # layer generated on the fly, EP32 rank 0) on the GPU when there is one, on the CPU reference
 # otherwise, and prints the error against the float64 reference. Extra arguments go to `k3moe run`;
-# --help lists them (after a first build).
+# --help prints this usage, then builds (when needed) and lists `k3moe run`'s options.
 #
 #   scripts/run.sh [--checkpoint DIR] [--tokens N] [--mode a16|mxfp8] [--ep-size N --ep-rank R] ...
 set -euo pipefail

@@ -39,7 +39,8 @@ struct TensorInfo {
 
 class SafetensorsFile {
  public:
-  // Opens the file (kept open, read with pread) and validates the header: length within the file, JSON, known dtypes,
+  // Opens the file and validates the header (no descriptor is kept: each read opens the file again,
+  // checks that it is still the one validated, and reads with pread): length within the file, JSON, known dtypes,
   // non-negative shapes, offsets inside the data section, size == numel * dtype size (overflow
   // checked), no two tensors overlapping. Every error names the file (and the tensor).
   static SafetensorsFile open(const std::filesystem::path& path);
@@ -58,8 +59,9 @@ class SafetensorsFile {
   const TensorInfo& get(std::string_view name) const;
 
   // Copies the tensor's bytes into `out` (out.size() must equal the tensor's size) and counts them
-  // in bytes_copied(). Safe to call from several threads at once. A file shorter than it was at
-  // open() (truncated or rewritten in place) throws k3moe::Error naming the file and the tensor.
+  // in bytes_copied(). Safe to call from several threads at once. A file changed since open()
+  // (truncated, rewritten or replaced: another size, mtime or inode) throws k3moe::Error naming the
+  // file and the tensor.
   void copy_to(const TensorInfo& tensor, std::span<uint8_t> out) const;
   // The same for bytes [offset, offset + out.size()) of the tensor (a large tensor in pieces).
   void read(const TensorInfo& tensor, uint64_t offset, std::span<uint8_t> out) const;
