@@ -22,6 +22,7 @@
 #include "runtime/cuda_stream.h"
 #include "runtime/device_tensor.h"
 #include "runtime/tensor_checks.h"
+#include "validation/validation.h"
 #endif
 
 namespace k3moe::cli {
@@ -204,6 +205,14 @@ void run(const RunOptions& o) {
     std::printf("  error vs the %s-emulating reference: rel-L2 %.3e, cosine %.8f\n", std::string(to_string(mode)).c_str(),
                 vs_emulate.rel_l2, vs_emulate.cosine);
     std::printf("  error vs the ideal float64 result:   rel-L2 %.3e, cosine %.8f\n", vs_ideal.rel_l2, vs_ideal.cosine);
+    // The validation matrix's verdict on this forward (docs/PRECISION.md): the exit status says it.
+    const validation::Tolerance tol = validation::tolerance(mode);
+    const bool pass = gpu_routing.ids == routing.ids && vs_emulate.nonfinite_mismatch == 0 &&
+                      vs_emulate.rel_l2 <= tol.rel_l2 && vs_ideal.rel_l2 <= tol.ideal_rel_l2;
+    std::printf("  %s: ids exact, finite where the reference is, rel-L2 <= %.1e vs the emulation and <= %.1e vs "
+                "ideal (the validation matrix's bounds)\n",
+                pass ? "PASS" : "FAIL", tol.rel_l2, tol.ideal_rel_l2);
+    if (!pass) throw ExitCode{1};
 #endif
   } else {
     const Comparison mode_error = compare(emulate, ideal);
