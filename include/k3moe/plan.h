@@ -50,7 +50,9 @@ class DeviceExperts {
   // Reorders (to_kernel_layout) and uploads, synchronously.
   static DeviceExperts upload(const RankExperts& experts, int device);
   // A view of kernel-layout bytes already on `device` (e.g. framework tensors made from
-  // to_kernel_layout); the memory stays the caller's and must outlive the view.
+  // to_kernel_layout); the memory stays the caller's and must outlive the view. It checks each
+  // pointer with the driver (device memory of `device`, 16-byte aligned): make a view once per
+  // set of weights, not per forward.
   struct Pointers {
     const uint8_t *w13_codes = nullptr, *w13_scales = nullptr, *w2_codes = nullptr, *w2_scales = nullptr;
   };

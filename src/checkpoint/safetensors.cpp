@@ -148,7 +148,6 @@ struct SafetensorsFile::Impl {
   bool in_memory = false;      // from_bytes(): `owned` holds the image; open(): read from `path`
   std::vector<uint8_t> owned;
   FileIdentity identity;  // open()'s file, as validated
-  uint64_t size = 0;
   uint64_t data_offset = 0;
   uint64_t data_size = 0;
   std::vector<TensorInfo> tensors;  // by offset
@@ -156,6 +155,7 @@ struct SafetensorsFile::Impl {
   std::map<std::string, std::string> metadata;
   std::atomic<uint64_t> copied{0};
 
+  uint64_t size() const { return in_memory ? owned.size() : identity.size; }
   void parse_header();
   TensorInfo parse_entry(const std::string& name, const json& entry) const;
   void check_range(const TensorInfo& t) const {
@@ -196,6 +196,7 @@ struct SafetensorsFile::Impl {
 };
 
 void SafetensorsFile::Impl::parse_header() {
+  const uint64_t size = this->size();
   K3MOE_CHECK(size >= 8, label, ": file is ", size, " bytes, too short for the 8-byte header length");
   uint8_t length[8];
   read_at(0, length, "the header length");
@@ -307,7 +308,6 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
     struct stat st {};
     K3MOE_CHECK(fstat(file.fd, &st) == 0 && S_ISREG(st.st_mode), impl->label, ": not a regular file");
     impl->identity = FileIdentity::of(st);
-    impl->size = impl->identity.size;
   }
   impl->parse_header();
   return SafetensorsFile(std::move(impl));
@@ -319,7 +319,6 @@ SafetensorsFile SafetensorsFile::from_bytes(std::vector<uint8_t> bytes, const st
   impl->label = name;
   impl->in_memory = true;
   impl->owned = std::move(bytes);
-  impl->size = impl->owned.size();
   impl->parse_header();
   return SafetensorsFile(std::move(impl));
 }
@@ -327,7 +326,7 @@ SafetensorsFile SafetensorsFile::from_bytes(std::vector<uint8_t> bytes, const st
 const std::filesystem::path& SafetensorsFile::path() const { return impl_->path; }
 const std::vector<TensorInfo>& SafetensorsFile::tensors() const { return impl_->tensors; }
 const std::map<std::string, std::string>& SafetensorsFile::metadata() const { return impl_->metadata; }
-uint64_t SafetensorsFile::file_size() const { return impl_->size; }
+uint64_t SafetensorsFile::file_size() const { return impl_->size(); }
 uint64_t SafetensorsFile::bytes_copied() const { return impl_->copied.load(); }
 
 const TensorInfo* SafetensorsFile::find(std::string_view name) const {
