@@ -385,7 +385,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocksPerSm)
     ptx::fence_mbarrier_init();
   }
   __syncthreads();
-  if (p.first_unit >= num_units) return;
+  if (p.first_unit >= num_units) {
+    // Every CTA of GEMM2 waits for the grid before it (in a CTA with units, the producer does), so
+    // that GEMM2's end implies GEMM1's: the combine's and the next forward's waits rely on it (the
+    // next permutation resets the counters GEMM1's CTAs add to after releasing this grid).
+    if (kEpi == Epilogue::Rows) ptx::griddepcontrol_wait();
+    return;
+  }
   if (warp == T::kWarps) return produce<T, kEpi>(a, smem, p, s_full, s_empty, num_units, total_tiles);
 
   StageCursor<T> at;

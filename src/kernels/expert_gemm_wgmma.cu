@@ -530,6 +530,9 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (wg == 0) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     produce<T, kTakeUnits>(a, &act_map, smem, s_full, s_empty, s_rows, s_units, num_units, row_groups);
+    // GEMM2's end must imply GEMM1's (the combine and the next forward wait on GEMM2 alone), also
+    // where it read GEMM1's rows through the tiles' counts and never waited above.
+    if constexpr (kTakeUnits) ptx::griddepcontrol_wait();
     return;
   }
   if (T::kStaged && wg == 1 + T::kConsumers) {
