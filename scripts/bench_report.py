@@ -68,10 +68,14 @@ def key(row):
 
 
 def table_line(row):
+    """A run without the baseline (`bench --no-baseline`), or whose baseline failed its check against
+    the forward (`baseline_failure`), shows "-" for it and for the speed-up."""
     marlin = MARLIN_US.get(key(row))
+    baseline_ok = row["baseline_us"] > 0 and not row.get("baseline_failure")
+    baseline = f"{row['baseline_us']:.1f} | {row['speedup']:.2f}x" if baseline_ok else "- | -"
     return ("| {shape} | {tokens} | {mode} | {active_experts:.1f} | {us:.1f} | {us_with_routing:.1f} | {tb_s:.2f} "
-            "| {tflop_s:.1f} | {floor_ratio:.3f} | {read_ratio:.3f} | {baseline_us:.1f} | {speedup:.2f}x | {marlin} |"
-            ).format(**row, marlin="-" if marlin is None else f"{marlin:g}")
+            "| {tflop_s:.1f} | {floor_ratio:.3f} | {read_ratio:.3f} | {baseline} | {marlin} |"
+            ).format(**row, baseline=baseline, marlin="-" if marlin is None else f"{marlin:g}")
 
 
 def table(paths):

@@ -35,18 +35,19 @@ __global__ void fill_random(void* data, int64_t elements, int element_bits, uint
   }
 }
 
-double copy_tb_s(cudaStream_t stream, double sustain_ms) {
+double copy_tb_s(cudaStream_t stream, double sustain_ms, ClockWatch clock, ClockSummary* clock_summary) {
   const int64_t bytes = int64_t(4) << 30;
   DeviceBuffer a(bytes), b(bytes);
   fill_random<<<1024, 256, 0, stream>>>(a.get(), bytes, 8, 1);
   const Timing t = time_ms(stream, 3, 20, [&](int) {
     K3MOE_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream));
-  }, sustain_ms);
+  }, sustain_ms, clock);
+  *clock_summary = t.clock;
   return 2.0 * double(bytes) / (t.median_ms * 1e-3) / 1e12;
 }
 
-double gemm_tflop_s(cublasLtHandle_t lt, cudaStream_t stream, bool fp8, double sustain_ms, ClockWatch clock = {},
-                    ClockSummary* clock_summary = nullptr) {
+double gemm_tflop_s(cublasLtHandle_t lt, cudaStream_t stream, bool fp8, double sustain_ms, ClockWatch clock,
+                    ClockSummary* clock_summary) {
   const int64_t n = 8192;
   const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
   const int64_t in_bytes = n * n * (fp8 ? 1 : 2);
@@ -78,7 +79,7 @@ double gemm_tflop_s(cublasLtHandle_t lt, cudaStream_t stream, bool fp8, double s
     K3MOE_CUBLAS_CHECK(cublasLtMatmul(lt, op, &alpha, a.get(), la, b.get(), lb, &beta, d.get(), ld, d.get(), ld,
                                       &heuristic.algo, workspace.get(), ws_bytes, stream));
   }, sustain_ms, clock);
-  if (clock_summary != nullptr) *clock_summary = t.clock;
+  *clock_summary = t.clock;
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);
@@ -131,9 +132,9 @@ Ceilings measure_ceilings(int device, double sustain_ms, ClockWatch clock) {
   const CudaStream stream;
   cublasLtHandle_t lt;
   K3MOE_CUBLAS_CHECK(cublasLtCreate(&lt));
-  c.copy_tb_s = copy_tb_s(stream, sustain_ms);
+  c.copy_tb_s = copy_tb_s(stream, sustain_ms, clock, &c.copy_clock);
   c.bf16_tflop_s = gemm_tflop_s(lt, stream, false, sustain_ms, clock, &c.bf16_clock);
-  c.fp8_tflop_s = gemm_tflop_s(lt, stream, true, sustain_ms);
+  c.fp8_tflop_s = gemm_tflop_s(lt, stream, true, sustain_ms, clock, &c.fp8_clock);
   cublasLtDestroy(lt);
   return c;
 }

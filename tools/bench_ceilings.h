@@ -18,7 +18,8 @@ struct Ceilings {
   double copy_tb_s = 0.0;     // device-to-device copy, bytes read + written
   double bf16_tflop_s = 0.0;  // cuBLASLt 8192^3, bf16 in / out, fp32 accumulate
   double fp8_tflop_s = 0.0;   // cuBLASLt 8192^3, e4m3 in, bf16 out, fp32 accumulate
-  ClockSummary bf16_clock;    // the SM clock while the bf16 GEMM was timed (with a sampler)
+  // The SM clock while each was timed (with a ClockWatch).
+  ClockSummary copy_clock, bf16_clock, fp8_clock;
   std::string gpu_name;
   int sm_count = 0;
   int driver_version = 0;

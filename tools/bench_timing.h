@@ -3,7 +3,8 @@
 // in the GPU's steady state under load (on the H200 the forward reaches its 700 W power limit
 // within ~100 ms and the SM clock drops from 1980 MHz to 1.05-1.98 GHz; bench/NOTES.md, Session 28).
 // With a ClockWatch the SM clock is sampled (NVML: also the memory clock) while the timed
-// calls run, and counted after each call (the probe).
+// calls run, and counted after each call (the probe). With an L2Flush, L2 is emptied before each
+// timed call and the GPU is idle again before its start event (l2_flush.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,6 +15,7 @@
 
 #include "clock_probe.h"
 #include "gpu_clock.h"
+#include "l2_flush.h"
 #include "k3moe/error.h"
 #include "runtime/cuda_check.h"
 
@@ -49,7 +51,7 @@ void sustain(cudaStream_t stream, double sustain_ms, Fn&& fn) {
 
 template <class Fn>
 Timing time_ms(cudaStream_t stream, int warmup, int repeats, Fn&& fn, double sustain_ms = 0.0,
-               ClockWatch watch = {}) {
+               ClockWatch watch = {}, const L2Flush* flush = nullptr) {
   sustain(stream, sustain_ms, fn);
   for (int i = 0; i < warmup; ++i) fn(i);
   cudaEvent_t start, stop;
@@ -62,6 +64,10 @@ Timing time_ms(cudaStream_t stream, int warmup, int repeats, Fn&& fn, double sus
               probe ? probe->capacity() : 0, " calls, the series times ", repeats);
   if (clock != nullptr) clock->start();
   for (int i = 0; i < repeats; ++i) {
+    if (flush != nullptr) {
+      flush->run(stream);
+      K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
     K3MOE_CUDA_CHECK(cudaEventRecord(start, stream));
     fn(warmup + i);
     K3MOE_CUDA_CHECK(cudaEventRecord(stop, stream));

@@ -1,10 +1,11 @@
 // k3moe bench: the benchmark protocol of PERF.md. Ceilings measured in the same run; each case's
-// forward captured in CUDA graphs (one per rotated input set, so inputs and outputs do not stay
-// in L2), timed over graph replays with events (median); realistic random data; active experts
-// counted from the run's routing; the floor = max(bytes / copy ceiling, FLOPs / matrix ceiling);
-// the in-run baseline (bench_baseline.h) timed the same way; the SM clock sampled while the
-// forward and the bf16 ceiling are timed (gpu_clock.h), since a long series may run under the
-// power cap.
+// forward captured in CUDA graphs (one per rotated input set), timed over graph replays with events,
+// L2 emptied before each (l2_flush.h); realistic random data, the same in both modes; active
+// experts counted from the run's routing; per input set the floor = max(bytes / copy ceiling,
+// FLOPs / matrix ceiling) and the median replay, averaged over the sets (bench_sets.h); the in-run
+// baseline (bench_baseline.h) timed the same way and checked against the forward's output; the SM
+// clock sampled while the forward and the ceilings are timed (gpu_clock.h), since a long series may
+// run under the power cap.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -21,6 +22,7 @@
 
 #include "bench_baseline.h"
 #include "bench_ceilings.h"
+#include "bench_sets.h"
 #include "bench_stages.h"
 #include "bench_timing.h"
 #include "cli_common.h"
@@ -40,7 +42,7 @@ namespace k3moe::cli {
 namespace {
 
 constexpr int kInputSets = 4;
-constexpr int kRepeats = 40;
+constexpr int kRepeats = 80;  // timed replays per series: each input set's median is over 20 (PERF.md)
 // Warm-up calls: every input set's graph runs at least once (its first launch uploads it) before
 // the timed calls.
 constexpr int kWarmup = kInputSets + 1;
@@ -83,11 +85,16 @@ std::vector<Case> suite(const std::string& name) {
   return cases;
 }
 
+// Means over the input sets (bench_sets.h) where not said otherwise.
 struct Row {
   Case c;
   double active_experts = 0, local_pairs = 0, bytes = 0, flops = 0;
   double us_ids = 0, us_logits = 0, spread_pct = 0, baseline_us = 0;
-  double floor_us = 0, floor_ratio = 0, baseline_rel_l2 = 0;
+  double floor_us = 0, floor_ratio = 0;
+  std::vector<double> active_per_set, floor_us_per_set, us_per_set;
+  double us_series_median = 0;  // the median of the mixed series: how rows were timed before per-set means
+  double baseline_rel_l2 = 0;   // the largest over the sets
+  std::string baseline_failure;  // why the baseline's output is not the forward's function; empty: it is
   double read_us = 0;  // the streaming-read kernel over the same bytes
   ClockSummary clock;  // the SM clock during the forward's timed replays (us_ids)
   StageSpans stages;   // --stages
@@ -124,8 +131,15 @@ std::string clock_columns(const ClockSummary& c) {
   return out;
 }
 
+// The baseline and the forward compute the same function up to the baseline's bf16 GEMM outputs
+// (k3moe keeps them fp32) and, in mxfp8, k3moe's MXFP8 rounding of the activations, which the
+// baseline does not do: relative L2 measured 4.1e-3..4.4e-3 (a16) and 4.7e-2..4.8e-2 (mxfp8) in
+// every run up to 8b1ab48; the bounds are about twice that.
+double baseline_bound(Mode mode) { return mode == Mode::A16 ? 1e-2 : 1e-1; }
+
 Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
-             const Ceilings& ceil, StreamingRead& read, ClockWatch clock, bool with_baseline, const Options& o) {
+             const Ceilings& ceil, StreamingRead& read, const L2Flush& flush, ClockWatch clock, bool with_baseline,
+             const Options& o) {
   const MoeConfig& cfg = shape.config;
   const int64_t T = c.tokens, H = cfg.hidden, E = cfg.num_experts, K = cfg.top_k;
   PlanOptions options{cfg, c.tokens, c.mode, cfg.activation, cfg.activation_params, shape.ep, 0};
@@ -148,7 +162,8 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   // --stages: a third graph per set that also marks stage_records; the timed graphs do not.
   const DeviceBuffer stage_records(o.stages ? kForwardStages * int64_t(sizeof(StageTimes)) : 0);
   std::vector<std::unique_ptr<Set>> sets;
-  std::mt19937_64 rng(c.tokens * 131 + int(c.mode));
+  // The same inputs and routing in both modes (the seed of a16's rows in every run before).
+  std::mt19937_64 rng(uint64_t(c.tokens) * 131);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   Row row;
   row.c = c;
@@ -179,11 +194,7 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
     K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto ids = set->ids.download<int32_t>();
     for (int32_t id : ids)
-      if (id >= host.first_expert && id < host.first_expert + host.num_local) {
-        ++set->local_rows[id];
-        row.local_pairs += 1.0 / kInputSets;
-      }
-    row.active_experts += double(set->local_rows.size()) / kInputSets;
+      if (id >= host.first_expert && id < host.first_expert + host.num_local) ++set->local_rows[id];
     ForwardArgs args;
     args.x = set->x.dl();
     args.topk_ids = set->ids.dl();
@@ -208,14 +219,21 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
 
   const Timing t_ids = time_ms(stream, kWarmup, kRepeats, [&](int i) {
     sets[i % kInputSets]->with_ids.launch(stream);
-  }, o.sustain_ms, clock);
+  }, o.sustain_ms, clock, &flush);
   const Timing t_logits = time_ms(stream, kWarmup, kRepeats, [&](int i) {
     sets[i % kInputSets]->with_logits.launch(stream);
-  }, o.sustain_ms);
-  row.us_ids = 1000.0 * t_ids.median_ms;
+  }, o.sustain_ms, {}, &flush);
+  // Call i of a series ran set i % kInputSets, and the first timed call is call kWarmup.
+  const auto us_over_sets = [](const Timing& t) {
+    return 1000.0 * mean_of(median_per_set(t.in_order_ms, kWarmup % kInputSets, kInputSets));
+  };
+  for (double ms : median_per_set(t_ids.in_order_ms, kWarmup % kInputSets, kInputSets))
+    row.us_per_set.push_back(1000.0 * ms);
+  row.us_ids = mean_of(row.us_per_set);
+  row.us_series_median = 1000.0 * t_ids.median_ms;
   row.clock = t_ids.clock;
 
-  row.us_logits = 1000.0 * t_logits.median_ms;
+  row.us_logits = us_over_sets(t_logits);
   // The range of one series' timed replays over its median. It mixes the input sets' routing and
   // the GPU's power state; it is not the run-to-run spread (that takes two runs: bench/NOTES.md).
   row.spread_pct = 100.0 * (t_ids.max_ms - t_ids.min_ms) / t_ids.median_ms;
@@ -241,7 +259,8 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   };
   if (o.per_set) print_in_order("forward, input sets in turn", t_ids);
   for (int s = 0; o.per_set && s < kInputSets; ++s) {
-    const Timing t = time_ms(stream, 2, kRepeats / 2, [&](int) { sets[s]->with_ids.launch(stream); }, 0.0, clock);
+    const Timing t =
+        time_ms(stream, 2, kRepeats / 2, [&](int) { sets[s]->with_ids.launch(stream); }, 0.0, clock, &flush);
     int min_rows = INT32_MAX, max_rows = 0, tiles128 = 0;
     for (const auto& [expert, rows] : sets[s]->local_rows) {
       min_rows = std::min(min_rows, rows);
@@ -255,26 +274,52 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
     print_in_order("  the same set", t);
   }
   if (o.stages)
-    row.stages = measure_stage_spans(stream, stage_records, kRepeats,
-                                     [&](int i) { sets[i % kInputSets]->with_stage_times.launch(stream); });
+    row.stages = measure_stage_spans(stream, stage_records, kRepeats, [&](int i) {
+      flush.run(stream);
+      sets[i % kInputSets]->with_stage_times.launch(stream);
+    });
   if (baseline) {
-    const Timing t_base =
-        time_ms(stream, kWarmup, kRepeats, [&](int i) { baseline->launch(i % kInputSets, stream); }, o.sustain_ms);
-    row.baseline_us = 1000.0 * t_base.median_ms;
+    const Timing t_base = time_ms(stream, kWarmup, kRepeats,
+                                  [&](int i) { baseline->launch(i % kInputSets, stream); }, o.sustain_ms, {}, &flush);
+    row.baseline_us = us_over_sets(t_base);
     K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    // The baseline must compute the same function: its output against ours (bf16 intermediates
-    // differ: bf16 GEMM outputs in the baseline, fp32 in k3moe).
-    std::vector<double> ours, base;
-    for (uint16_t b : sets[0]->out.download<uint16_t>()) ours.push_back(bf16_bits_to_float(b));
-    for (uint16_t b : sets[0]->out_baseline.download<uint16_t>()) base.push_back(bf16_bits_to_float(b));
-    row.baseline_rel_l2 = compare(base, ours).rel_l2;
+    // The baseline must compute the same function: every set's output against ours.
+    for (int s = 0; s < kInputSets; ++s) {
+      std::vector<double> ours, base;
+      for (uint16_t b : sets[s]->out.download<uint16_t>()) ours.push_back(bf16_bits_to_float(b));
+      for (uint16_t b : sets[s]->out_baseline.download<uint16_t>()) base.push_back(bf16_bits_to_float(b));
+      const Comparison cmp = compare(base, ours);
+      row.baseline_rel_l2 = std::max(row.baseline_rel_l2, cmp.rel_l2);
+      if (row.baseline_failure.empty() && (cmp.nonfinite_mismatch > 0 || !(cmp.rel_l2 <= baseline_bound(c.mode)))) {
+        std::ostringstream why;
+        why << c.shape << " T=" << c.tokens << " " << to_string(c.mode) << ", input set " << s
+            << ": the baseline's output against the forward's, relative L2 " << cmp.rel_l2 << " (bound "
+            << baseline_bound(c.mode) << "), " << cmp.nonfinite_mismatch << " elements finite in one only";
+        row.baseline_failure = why.str();
+      }
+    }
   }
 
+  // Per input set: its routing's bytes (each weight byte, x, the output, ids and weights once),
+  // FLOPs and floor; the row's figures are their means.
   const double expert_bytes = double(cfg.expert_bytes());
-  row.bytes = row.active_experts * expert_bytes + double(T * H * 2 * 2) + double(T * K * 8);
-  row.flops = 2.0 * (2.0 * cfg.intermediate * cfg.hidden + double(cfg.hidden) * cfg.intermediate) * row.local_pairs;
+  const double flops_per_pair = 2.0 * (2.0 * cfg.intermediate * cfg.hidden + double(cfg.hidden) * cfg.intermediate);
   const double matrix_tflops = c.mode == Mode::A16 ? ceil.bf16_tflop_s : ceil.fp8_tflop_s;
-  row.floor_us = std::max(row.bytes / (ceil.copy_tb_s * 1e12), row.flops / (matrix_tflops * 1e12)) * 1e6;
+  std::vector<double> bytes, pairs;
+  for (const auto& set : sets) {
+    double local_pairs = 0;
+    for (const auto& [expert, rows] : set->local_rows) local_pairs += rows;
+    row.active_per_set.push_back(double(set->local_rows.size()));
+    bytes.push_back(double(set->local_rows.size()) * expert_bytes + double(T * H * 2 * 2) + double(T * K * 8));
+    pairs.push_back(local_pairs);
+    row.floor_us_per_set.push_back(
+        std::max(bytes.back() / (ceil.copy_tb_s * 1e12), flops_per_pair * local_pairs / (matrix_tflops * 1e12)) * 1e6);
+  }
+  row.active_experts = mean_of(row.active_per_set);
+  row.local_pairs = mean_of(pairs);
+  row.bytes = mean_of(bytes);
+  row.flops = flops_per_pair * row.local_pairs;
+  row.floor_us = mean_of(row.floor_us_per_set);
   row.floor_ratio = row.floor_us / row.us_ids;
   row.read_us = read.median_us(row.bytes, stream, o.sustain_ms);
   return row;
@@ -334,9 +379,12 @@ void bench(const Options& o) {
   if (probe != nullptr)
     std::printf("SM clock: MHz = the median clock the SMs counted (clock64 over the global timer) right after each of "
                 "the forward's timed replays; capped = share of NVML's 1 ms samples under the power cap (%s; NVML "
-                "lags a change by tens of ms). bf16 ceiling at %.0f MHz (%s capped)\n\n",
-                no_clock.empty() ? "sampled" : no_clock.c_str(), ceil.bf16_clock.counted_median_mhz,
-                capped_text(ceil.bf16_clock).c_str());
+                "lags a change by tens of ms). Ceilings at: copy %.0f MHz (%s capped), bf16 %.0f MHz (%s), fp8 %.0f "
+                "MHz (%s)\n\n",
+                no_clock.empty() ? "sampled" : no_clock.c_str(), ceil.copy_clock.counted_median_mhz,
+                capped_text(ceil.copy_clock).c_str(), ceil.bf16_clock.counted_median_mhz,
+                capped_text(ceil.bf16_clock).c_str(), ceil.fp8_clock.counted_median_mhz,
+                capped_text(ceil.fp8_clock).c_str());
   else
     std::printf("SM clock: not measured (--no-clock)\n\n");
   if (o.sustain_ms > 0)
@@ -349,6 +397,7 @@ void bench(const Options& o) {
               "us", "us+route", "TB/s", "TFLOP/s", "floor", "floor/t", "read/t", "baseline", "speedup", "spread", "base-d",
               "MHz", "capped");
   StreamingRead read;
+  const L2Flush flush(0);
   std::map<std::string, std::pair<RankExperts, std::unique_ptr<DeviceExperts>>> loaded;
   std::vector<Row> rows;
   for (const Case& c : cases) {
@@ -366,12 +415,13 @@ void bench(const Options& o) {
       loaded.emplace(c.shape, std::make_pair(std::move(host), std::move(device)));
     }
     const auto& [host, device] = loaded.at(c.shape);
-    const Row r = run_case(c, shape, host, *device, ceil, read, clock, !o.no_baseline, o);
+    const Row r = run_case(c, shape, host, *device, ceil, read, flush, clock, !o.no_baseline, o);
     std::printf("%-8s %5d %-6s %6.1f %9.1f %9.1f %7.2f %8.1f %6.1f %9.3f %7.3f %10.1f %8.2fx %6.1f%% %6.0e %s\n",
                 c.shape.c_str(), c.tokens, std::string(to_string(c.mode)).c_str(), r.active_experts, r.us_ids,
                 r.us_logits, r.bytes / (r.us_ids * 1e-6) / 1e12, r.flops / (r.us_ids * 1e-6) / 1e12, r.floor_us,
                 r.floor_ratio, r.read_us / r.us_ids, r.baseline_us, r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0,
                 r.spread_pct, r.baseline_rel_l2, clock_columns(r.clock).c_str());
+    if (!r.baseline_failure.empty()) std::printf("         BASELINE FAILED: %s\n", r.baseline_failure.c_str());
     if (o.stages) std::printf("         stages, us from the first mark (last CTA start / last wait / last end): %s\n",
                               describe(r.stages).c_str());
     std::fflush(stdout);
@@ -387,11 +437,19 @@ void bench(const Options& o) {
     j["commit"] = o.commit;
     j["date"] = today();
     j["ceilings"] = {{"copy_tb_s", ceil.copy_tb_s}, {"bf16_tflop_s", ceil.bf16_tflop_s}, {"fp8_tflop_s", ceil.fp8_tflop_s}};
-    if (probe != nullptr) j["ceilings"]["bf16_sm_clock"] = clock_json(ceil.bf16_clock);
+    if (probe != nullptr) {
+      j["ceilings"]["copy_sm_clock"] = clock_json(ceil.copy_clock);
+      j["ceilings"]["bf16_sm_clock"] = clock_json(ceil.bf16_clock);
+      j["ceilings"]["fp8_sm_clock"] = clock_json(ceil.fp8_clock);
+    }
     j["protocol"] = {{"input_sets", kInputSets},
                      {"warmup", kWarmup},
                      {"repeats", kRepeats},
-                     {"timing", "CUDA graph replay, events, median"},
+                     {"timing", "CUDA graph replay, events; before each timed replay L2 emptied (reads of 4x its "
+                                "size) and the GPU idle; us = the mean over the input sets of each set's median "
+                                "replay (repeats / input_sets each), floor_us = the mean of the sets' floors (up to "
+                                "8b1ab48's run: the median of 40 mixed replays, us_series_median here, no L2 flush, "
+                                "inputs seeded per mode)"},
                      {"sustain_ms", o.sustain_ms},
                      {"sm_clock", probe == nullptr ? "not measured: --no-clock"
                                   : "counted_*: clock64 over the global timer after each timed replay; the rest: "
@@ -417,8 +475,13 @@ void bench(const Options& o) {
                            {"read_ratio", r.read_us / r.us_ids},
                            {"spread_pct", r.spread_pct},
                            {"baseline_us", r.baseline_us},
-                           {"speedup", r.baseline_us > 0 ? r.baseline_us / r.us_ids : 0.0},
-                           {"baseline_rel_l2_vs_k3moe", r.baseline_rel_l2}});
+                           {"speedup", r.baseline_us > 0 && r.baseline_failure.empty() ? r.baseline_us / r.us_ids : 0.0},
+                           {"baseline_rel_l2_vs_k3moe", r.baseline_rel_l2},
+                           {"baseline_failure", r.baseline_failure},
+                           {"active_experts_per_set", r.active_per_set},
+                           {"floor_us_per_set", r.floor_us_per_set},
+                           {"us_per_set", r.us_per_set},
+                           {"us_series_median", r.us_series_median}});
       if (probe != nullptr) j["rows"].back()["sm_clock"] = clock_json(r.clock);
       for (int s = 0; s < int(r.stages.size()); ++s)
         if (r.stages[s].ran)
@@ -428,6 +491,11 @@ void bench(const Options& o) {
     std::ofstream(o.json) << j.dump(1) << "\n";
     std::printf("\nwrote %s\n", o.json.c_str());
   }
+  std::string failures;
+  for (const Row& r : rows)
+    if (!r.baseline_failure.empty()) failures += "\n  " + r.baseline_failure;
+  K3MOE_CHECK(failures.empty(), "bench: the baseline does not compute the forward's function (no speed-up is valid):",
+              failures);
 }
 
 }  // namespace

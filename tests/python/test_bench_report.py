@@ -35,6 +35,14 @@ def test_table_line_formats_every_column_and_marlin():
     assert bench_report.table_line(row(mode="mxfp8")).endswith("| - |")  # Marlin: a16 only
 
 
+def test_table_line_shows_no_speedup_without_a_checked_baseline():
+    no_baseline = dict(row(), baseline_us=0.0, speedup=0.0)  # bench --no-baseline
+    assert bench_report.table_line(no_baseline).endswith("| 0.853 | - | - | 132.5 |")
+    failed = dict(row(), baseline_failure="local28 T=1 a16, input set 2: relative L2 0.3 (bound 0.01)")
+    assert bench_report.table_line(failed).endswith("| 0.853 | - | - | 132.5 |")
+    assert bench_report.table_line(dict(row(), baseline_failure="")).endswith("| 412.3 | 4.12x | 132.5 |")
+
+
 def test_table_has_header_and_rows_of_every_file_in_order(tmp_path):
     a = write(tmp_path, "a.json", [row(tokens=1), row(tokens=8)])
     b = write(tmp_path, "b.json", [row(tokens=128)])
