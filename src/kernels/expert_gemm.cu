@@ -348,7 +348,8 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, uint8_t* smem, 
     }
     u = __shfl_sync(0xFFFFFFFFu, next, 0);
   }
-  ptx::cp_async_wait<0>();
+  // NOTE: no wait for the copies here (they form no commit group): each lands in a stage whose
+  // full barrier it arrives on, and the consumers wait for every stage before the CTA can end.
 }
 
 // Persistent CTAs take units from a counter (so a CTA that starts late, behind the previous

@@ -253,7 +253,8 @@ __device__ __forceinline__ void produce(const ExpertGemmArgs& a, const CUtensorM
       ptx::cp_async_mbarrier_arrive_noinc(&full[stage]);
     }
   }
-  if constexpr (!kTakeUnits) ptx::cp_async_wait<0>();
+  // NOTE: no wait for the copies here (they form no commit group): each lands in a stage whose
+  // full barrier it arrives on, and the consumers wait for every stage before the CTA can end.
 }
 
 template <class T>
