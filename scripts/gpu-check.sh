@@ -4,9 +4,11 @@
 # matrix, the sanitizers and the benchmark (burst timing, and again under sustained load: `bench
 # --sustain-ms`); logs and JSON go to OUTDIR, and a summary table is printed last.
 #
-#   scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps tests,python,validate,sanitize,bench,sustained] [--commit SHA] [--pack]
+#   scripts/gpu-check.sh OUTDIR [--bin DIR] [--site DIR] [--steps tests,python,validate,sanitize,bench,sustained] [--commit SHA] [--pack]
 #
 # --bin DIR: a directory holding prebuilt `k3moe` and `k3moe_gpu_tests` (skips the build).
+# --site DIR: the PyTorch binding installed there by `K3MOE_SITE_OUT=DIR scripts/python-check.sh`
+# (the python step then tests it without building it).
 # --pack: at the end, the logs (and OUTDIR/python) go into OUTDIR/logs.tgz, so that OUTDIR holds
 # six files (the device tool brings back a limited number of files per call).
 # Without it, the build needs the DLPack header: either installed, or libdlpack-dev*.deb in .deps/
@@ -14,12 +16,13 @@
 source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -uo pipefail
 
-out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--steps LIST] [--commit SHA] [--pack]}
+out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--site DIR] [--steps LIST] [--commit SHA] [--pack]}
 shift
-bin="" steps="tests,python,validate,sanitize,bench,sustained" commit=$(git rev-parse HEAD 2>/dev/null || echo unknown) pack=0
+bin="" site="" steps="tests,python,validate,sanitize,bench,sustained" commit=$(git rev-parse HEAD 2>/dev/null || echo unknown) pack=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
+    --site) site=$(cd "$2" && pwd); shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --commit) commit=$2; shift 2 ;;
     --pack) pack=1; shift ;;
@@ -72,7 +75,7 @@ fi
 
 if want python; then
   start=$(date +%s)
-  K3MOE_BIN=$(realpath "$k3moe") "$root/scripts/python-check.sh" "$out/python" > "$out/python-check.log" 2>&1
+  K3MOE_SITE=$site K3MOE_BIN=$(realpath "$k3moe") "$root/scripts/python-check.sh" "$out/python" > "$out/python-check.log" 2>&1
   rc=$?
   record "python binding" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(grep -E '^pytest ' "$out/python-check.log" | cut -c 30-) ($(( $(date +%s) - start )) s)"
   [ $rc = 0 ] || { status=1; tail -n 30 "$out/python-check.log"; }

@@ -12,7 +12,10 @@
 # want of torch, the package, a Hopper GPU, the k3moe program or the safetensors package fails
 # instead), BUILD_DIR (default build-py-wheel,
 # kept between runs so that a warm machine rebuilds only what changed), K3MOE_BIN (the k3moe
-# program for the oracle test; default: built here, host code only, into build-py-host).
+# program for the oracle test; default: built here, host code only, into build-py-host),
+# K3MOE_SITE_OUT=DIR (install the package into DIR and keep it there), K3MOE_SITE=DIR (test the
+# package installed in DIR by an earlier K3MOE_SITE_OUT run against the same torch, without
+# building: saves a GPU machine the build's minutes).
 source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -uo pipefail
 
@@ -23,8 +26,14 @@ out=$(cd "$out" && pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
 build_dir=${BUILD_DIR:-$root/build-py-wheel}
-site=$(mktemp -d "${TMPDIR:-/tmp}/k3moe-site.XXXXXX")
-trap 'rm -rf "$site"' EXIT
+if [ -n "${K3MOE_SITE:-}" ]; then
+  site=$(cd "$K3MOE_SITE" && pwd) || { echo "K3MOE_SITE=$K3MOE_SITE: no such directory" >&2; exit 2; }
+elif [ -n "${K3MOE_SITE_OUT:-}" ]; then
+  rm -rf "$K3MOE_SITE_OUT" && mkdir -p "$K3MOE_SITE_OUT" && site=$(cd "$K3MOE_SITE_OUT" && pwd)
+else
+  site=$(mktemp -d "${TMPDIR:-/tmp}/k3moe-site.XXXXXX")
+  trap 'rm -rf "$site"' EXIT
+fi
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
@@ -66,9 +75,12 @@ cmake --version | head -n 1
 
 # ---- build + install: pip runs scikit-build-core, which runs python/CMakeLists.txt
 start=$(date +%s)
-if "$python" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir --target "$site" \
+if [ -n "${K3MOE_SITE:-}" ]; then
+  record "build + install" ok "prebuilt in $site ($(cat "$site/k3moe/BUILT_FROM" 2>/dev/null || echo "commit unknown"))"
+elif "$python" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir --target "$site" \
      --config-settings=build-dir="$build_dir" -v "$root/python" > "$out/pip-install.log" 2>&1; then
   record "build + install" ok "$(( $(date +%s) - start )) s"
+  echo "$commit" > "$site/k3moe/BUILT_FROM"
 else
   tail -n 40 "$out/pip-install.log"
   record "build + install" FAIL "see pip-install.log"
