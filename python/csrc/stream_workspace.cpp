@@ -1,5 +1,7 @@
 #include "stream_workspace.h"
 
+#include <c10/cuda/CUDAGuard.h>
+
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -10,7 +12,8 @@ namespace {
 
 struct KeptWorkspace {
   std::mutex mutex;  // held by the forward enqueueing over `buffer`
-  at::Tensor buffer;
+  void* buffer = nullptr;  // cudaMallocAsync on its stream
+  int64_t bytes = 0;
 };
 
 at::Tensor allocate(int64_t bytes, c10::Device device) {
@@ -29,21 +32,44 @@ bool uncaptured(cudaStream_t stream) {
 }
 
 // The workspace kept for (device, stream), made on first use; null once kMaxKeptWorkspaces streams
-// have one. NOTE: keyed by the stream's handle, as torch keys its cuBLAS workspaces (cudaStreamGetId
-// would tell a new stream from a destroyed one whose handle it got, but fails on a capturing stream
-// and ends the capture): a stream must not be destroyed while a forward runs on it and its handle
-// reused for a stream that runs a forward before that one ends.
+// have one. Keyed by the stream's id, not its handle: a handle may come back for a new stream after
+// its stream is destroyed with a forward still running on it, and cudaStreamPerThread is one handle
+// for a different stream in every thread. NOTE: only for a stream that is not capturing
+// (cudaStreamGetId fails on one, and ends the capture).
 KeptWorkspace* kept_workspace(int device, cudaStream_t stream) {
+  unsigned long long id = 0;
+  if (cudaStreamGetId(stream, &id) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
   static std::mutex mutex;
-  // NOTE: never destroyed: its tensors would otherwise be freed after torch's CUDA state at exit.
-  static auto* kept = new std::map<std::pair<int, cudaStream_t>, std::unique_ptr<KeptWorkspace>>();
+  // NOTE: never destroyed: its buffers would otherwise be freed after the CUDA context at exit.
+  static auto* kept = new std::map<std::pair<int, unsigned long long>, std::unique_ptr<KeptWorkspace>>();
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = kept->find({device, stream});
+  auto it = kept->find({device, id});
   if (it == kept->end()) {
     if (kept->size() >= kMaxKeptWorkspaces) return nullptr;
-    it = kept->emplace(std::pair(device, stream), std::make_unique<KeptWorkspace>()).first;
+    it = kept->emplace(std::pair(device, id), std::make_unique<KeptWorkspace>()).first;
   }
   return it->second.get();
+}
+
+// Makes `kept` hold at least `bytes`; false (nothing changed) where the runtime has no memory.
+bool grow(KeptWorkspace& kept, int64_t bytes, c10::Device device, cudaStream_t stream) {
+  if (kept.bytes >= bytes) return true;
+  const c10::cuda::CUDAGuard on(device);
+  // NOTE: doubling keeps a growing T from allocating on every call.
+  const int64_t size = std::min(kMaxKeptWorkspaceBytes, std::max(bytes, 2 * kept.bytes));
+  void* buffer = nullptr;
+  if (cudaMallocAsync(&buffer, size_t(size), stream) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  // NOTE: the old buffer is freed in this stream's order, the only stream that used it.
+  if (kept.buffer != nullptr && cudaFreeAsync(kept.buffer, stream) != cudaSuccess) cudaGetLastError();
+  kept.buffer = buffer;
+  kept.bytes = size;
+  return true;
 }
 
 }  // namespace
@@ -51,20 +77,16 @@ KeptWorkspace* kept_workspace(int device, cudaStream_t stream) {
 StreamWorkspace::StreamWorkspace(int64_t bytes, c10::Device device, cudaStream_t stream) {
   KeptWorkspace* kept =
       bytes <= kMaxKeptWorkspaceBytes && uncaptured(stream) ? kept_workspace(device.index(), stream) : nullptr;
-  if (!kept) {
-    allocated_ = allocate(bytes, device);
-    data_ = allocated_.data_ptr();
-    return;
+  if (kept != nullptr) {
+    kept_lock_ = std::unique_lock<std::mutex>(kept->mutex);
+    if (grow(*kept, bytes, device, stream)) {
+      data_ = kept->buffer;
+      return;
+    }
+    kept_lock_.unlock();
   }
-  kept_lock_ = std::unique_lock<std::mutex>(kept->mutex);
-  const int64_t have = kept->buffer.defined() ? kept->buffer.numel() : 0;
-  if (have < bytes) {
-    // NOTE: the old buffer goes back to the allocator in this stream's order, the only stream
-    // that used it. Doubling keeps a growing T from allocating on every call.
-    kept->buffer = at::Tensor();
-    kept->buffer = allocate(std::min(kMaxKeptWorkspaceBytes, std::max(bytes, 2 * have)), device);
-  }
-  data_ = kept->buffer.data_ptr();
+  allocated_ = allocate(bytes, device);
+  data_ = allocated_.data_ptr();
 }
 
 }  // namespace k3moe::torch_binding

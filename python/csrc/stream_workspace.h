@@ -1,9 +1,12 @@
 // The forward's workspace. Outside CUDA graph capture a small workspace (at most
 // kMaxKeptWorkspaceBytes) is kept per (device, stream) and reused by every forward on that stream:
 // stream order serialises its uses, and it saves an allocation and a free per call (~1.5 us of an
-// eager forward's ~30 us on the H200 machine's host; bench/NOTES.md, Session 44). Larger
-// workspaces, and every workspace under capture (the graph's private pool), come from torch's
-// caching allocator per call.
+// eager forward's ~30 us on the H200 machine's host; bench/NOTES.md, Session 44). Kept workspaces
+// come from the CUDA runtime's stream-ordered allocator, not from torch's: while torch.compile's
+// CUDA graphs warm up (mode="reduce-overhead"), torch hands every allocation of the thread to the
+// graphs' private pool, which must not hold memory that outlives a run. Larger workspaces, and
+// every workspace under capture (the graph's private pool), come from torch's caching allocator
+// per call.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,7 +18,8 @@
 namespace k3moe::torch_binding {
 
 inline constexpr int64_t kMaxKeptWorkspaceBytes = int64_t(16) << 20;
-// Streams that keep a workspace, per process; forwards on further streams allocate per call.
+// Streams that keep a workspace, per process (each at most kMaxKeptWorkspaceBytes, held until the
+// process ends); forwards on further streams allocate per call.
 inline constexpr size_t kMaxKeptWorkspaces = 64;
 
 class StreamWorkspace {

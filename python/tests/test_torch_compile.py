@@ -58,6 +58,28 @@ def test_compile_fullgraph_matches_eager(layer):
         assert (expected != 0).any()
 
 
+def test_compile_reduce_overhead_matches_eager(layer):
+    """mode="reduce-overhead": torch.compile replays CUDA graphs (cudagraph trees), and while it warms
+    them up it hands every allocation of the thread to the graphs' private pool, whose contents it
+    checks; the forward's kept workspace must stay outside that pool (stream_workspace.h)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(layer, mode="reduce-overhead", fullgraph=True)
+    for step, tokens in enumerate((9, 9, 9, 9, 21, 21, 21)):  # warm-up, record, replays; a second size
+        h = exact_router_inputs(tokens, 64, seed=100 + step)
+        x = cases.random_x(tokens, 512, seed=100 + step)
+        expected = layer(h, x)
+        got = compiled(h, x).clone()  # the graph's output buffer is overwritten by its next replay
+        assert torch.equal(got.view(torch.int16), expected.view(torch.int16)), f"call {step}, T={tokens}"
+    assert counters["inductor"]["cudagraph_skips"] == 0, "torch.compile ran the layer without CUDA graphs"
+    # Eager forwards on this stream after the graphs: the kept workspace is still valid memory.
+    x = cases.random_x(9, 512, seed=7)
+    h = exact_router_inputs(9, 64, seed=7)
+    assert torch.equal(layer(h, x).view(torch.int16), layer(h, x).view(torch.int16))
+
+
 def test_compile_fullgraph_with_out(layer):
     """The mutating forward_out inside a compiled graph (functionalized by torch.compile)."""
     experts = layer.experts

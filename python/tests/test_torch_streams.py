@@ -91,3 +91,44 @@ def test_more_streams_than_keep_a_workspace(small):
     inputs = [inputs_of(config, 16 + i % 5, seed=300 + i) for i in range(len(streams))]
     expected = alone(config, experts, inputs)
     assert_bitwise(on_streams(config, experts, inputs, streams), expected)
+
+
+def test_per_thread_default_streams_keep_a_workspace_each(small):
+    """Two host threads on cudaStreamPerThread, one handle that names a different stream in each
+    thread (as cupy's per-thread default stream): the kept workspaces are keyed by stream id, so the
+    threads' forwards, which run at the same time, do not share one. NOTE: outputs are allocated
+    before the threads start and workspaces stay under 16 MiB (kept, not per call): torch's caching
+    allocator keys its blocks by stream handle, so memory freed on that handle in one thread could
+    go to the other while in use, which is not what this tests."""
+    import threading
+
+    config, experts = small
+    per_thread_stream = 2  # cudaStreamPerThread
+    tokens = [300, 1, 1000, 7, 64, 900, 128, 33]
+    inputs = [[inputs_of(config, t, seed=500 + 20 * n + i) for i, t in enumerate(tokens)] for n in range(2)]
+    expected = [alone(config, experts, each) for each in inputs]
+    outs = [[torch.empty((t, config.hidden), dtype=torch.bfloat16, device="cuda") for t in tokens] for _ in range(2)]
+    torch.cuda.synchronize()
+    errors = []
+    start = threading.Barrier(2)
+
+    def run(n):
+        try:
+            stream = torch.cuda.ExternalStream(per_thread_stream)
+            with torch.cuda.stream(stream):
+                start.wait()
+                for _ in range(3):
+                    for (x, ids, weights), out in zip(inputs[n], outs[n]):
+                        k3moe.forward(x, ids, weights, experts, config, out=out)
+                stream.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported below, with the thread
+            errors.append((n, e))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for n in range(2):
+        assert_bitwise(outs[n], expected[n])
