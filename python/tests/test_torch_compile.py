@@ -64,6 +64,8 @@ def test_compile_reduce_overhead_matches_eager(layer):
     checks; the forward's kept workspace must stay outside that pool (stream_workspace.h)."""
     from torch._dynamo.utils import counters
 
+    x_after, h_after = cases.random_x(9, 512, seed=7), exact_router_inputs(9, 64, seed=7)
+    before = layer(h_after, x_after)
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(layer, mode="reduce-overhead", fullgraph=True)
@@ -74,10 +76,8 @@ def test_compile_reduce_overhead_matches_eager(layer):
         got = compiled(h, x).clone()  # the graph's output buffer is overwritten by its next replay
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16)), f"call {step}, T={tokens}"
     assert counters["inductor"]["cudagraph_skips"] == 0, "torch.compile ran the layer without CUDA graphs"
-    # Eager forwards on this stream after the graphs: the kept workspace is still valid memory.
-    x = cases.random_x(9, 512, seed=7)
-    h = exact_router_inputs(9, 64, seed=7)
-    assert torch.equal(layer(h, x).view(torch.int16), layer(h, x).view(torch.int16))
+    # An eager forward after the graphs, over the kept workspace, as before them.
+    assert torch.equal(layer(h_after, x_after).view(torch.int16), before.view(torch.int16))
 
 
 def test_compile_fullgraph_with_out(layer):
