@@ -1,6 +1,8 @@
 #include "stream_workspace.h"
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <map>
@@ -72,11 +74,31 @@ bool grow(KeptWorkspace& kept, int64_t bytes, c10::Device device, cudaStream_t s
   return true;
 }
 
+// `bytes` from the runtime's stream-ordered allocator on `stream`; if it has no memory, once more
+// after torch's caching allocator released its unused blocks.
+void* allocate_stream_ordered(int64_t bytes, c10::Device device, cudaStream_t stream) {
+  const c10::cuda::CUDAGuard on(device);
+  void* buffer = nullptr;
+  cudaError_t status = cudaMallocAsync(&buffer, size_t(bytes), stream);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    status = cudaMallocAsync(&buffer, size_t(bytes), stream);
+  }
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    TORCH_CHECK(false, "the forward's workspace of ", bytes, " bytes on cudaStreamPerThread (", device.str(),
+                "): cudaMallocAsync failed: ", cudaGetErrorString(status));
+  }
+  return buffer;
+}
+
 }  // namespace
 
-StreamWorkspace::StreamWorkspace(int64_t bytes, c10::Device device, cudaStream_t stream) {
+StreamWorkspace::StreamWorkspace(int64_t bytes, c10::Device device, cudaStream_t stream) : device_(device) {
+  const bool free_of_capture = uncaptured(stream);
   KeptWorkspace* kept =
-      bytes <= kMaxKeptWorkspaceBytes && uncaptured(stream) ? kept_workspace(device.index(), stream) : nullptr;
+      bytes <= kMaxKeptWorkspaceBytes && free_of_capture ? kept_workspace(device.index(), stream) : nullptr;
   if (kept != nullptr) {
     kept_lock_ = std::unique_lock<std::mutex>(kept->mutex);
     if (grow(*kept, bytes, device, stream)) {
@@ -85,8 +107,20 @@ StreamWorkspace::StreamWorkspace(int64_t bytes, c10::Device device, cudaStream_t
     }
     kept_lock_.unlock();
   }
+  if (stream == cudaStreamPerThread && free_of_capture) {
+    stream_ordered_ = allocate_stream_ordered(bytes, device, stream);
+    stream_ = stream;
+    data_ = stream_ordered_;
+    return;
+  }
   allocated_ = allocate(bytes, device);
   data_ = allocated_.data_ptr();
+}
+
+StreamWorkspace::~StreamWorkspace() {
+  if (stream_ordered_ == nullptr) return;
+  const c10::cuda::CUDAGuard on(device_);
+  if (cudaFreeAsync(stream_ordered_, stream_) != cudaSuccess) cudaGetLastError();
 }
 
 }  // namespace k3moe::torch_binding

@@ -6,7 +6,11 @@
 // CUDA graphs warm up (mode="reduce-overhead"), torch hands every allocation of the thread to the
 // graphs' private pool, which must not hold memory that outlives a run. Larger workspaces, and
 // every workspace under capture (the graph's private pool), come from torch's caching allocator
-// per call.
+// per call, except on cudaStreamPerThread: that one handle names a different stream in every host
+// thread, and torch's allocator, which keys its blocks by handle, would hand a block freed in one
+// thread to another while the first thread's kernels still use it (bench/NOTES.md, Session 47).
+// There a per-call workspace comes from the runtime's stream-ordered allocator, which resolves the
+// handle to the calling thread's stream.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -28,10 +32,16 @@ class StreamWorkspace {
   // `device`). Hold the object until the forward is enqueued: a kept workspace stays locked, so
   // that two host threads enqueueing on one stream do not interleave their kernels over it.
   StreamWorkspace(int64_t bytes, c10::Device device, cudaStream_t stream);
+  ~StreamWorkspace();  // a stream-ordered workspace is freed after the work enqueued so far
+  StreamWorkspace(const StreamWorkspace&) = delete;
+  StreamWorkspace& operator=(const StreamWorkspace&) = delete;
   void* data() const { return data_; }
 
  private:
-  at::Tensor allocated_;  // a per-call workspace
+  at::Tensor allocated_;  // a per-call workspace from torch
+  void* stream_ordered_ = nullptr;  // a per-call workspace on cudaStreamPerThread
+  cudaStream_t stream_ = nullptr;
+  c10::Device device_;
   std::unique_lock<std::mutex> kept_lock_;
   void* data_ = nullptr;
 };
