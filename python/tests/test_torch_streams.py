@@ -95,43 +95,46 @@ def test_more_streams_than_keep_a_workspace(small):
 
 
 def test_per_thread_default_streams_at_the_same_time(small):
-    """Two host threads on cudaStreamPerThread, one handle that names a different stream in each
-    thread (as cupy's per-thread default stream), forwards running at the same time. Up to T = 900
-    the workspace fits the 16 MiB kept per stream, keyed by stream id; T = 1000 needs ~18.5 MB
-    (GEMM2 splits K in two at this shape: 2 x 1000 x 4 x 512 fp32), so it is allocated per call,
-    in the runtime's stream order. Through torch's caching allocator, which keys its blocks by
-    handle, one thread's freed workspace went to the other while still in use: an illegal address
-    on the H100 (Session 46). NOTE: the outputs are allocated before the threads start, for the same
-    reason: torch's own allocations on that handle are not safe across threads."""
+    """Four host threads on cudaStreamPerThread, one handle that names a different stream in each
+    thread (as cupy's per-thread default stream), forwards running at the same time. T = 1 and 7
+    fit the 16 MiB workspace kept per stream (keyed by stream id); T = 1000-1200 need ~18.5-42 MB
+    (at this shape GEMM2 splits K in two, and GEMM1 too from T = 1100: fp32 partial rows), so
+    they are allocated per call, in the runtime's stream order. Through torch's caching allocator, which keys its blocks by handle, one
+    thread's freed workspace went to another while still in use: this load failed both times on
+    the H100 before the fix (a CUDA error, then a hang) and passed both times after (Session 47).
+    NOTE: the outputs are allocated before the threads start, for the same reason: torch's own
+    allocations on that handle are not safe across threads."""
     import threading
 
     config, experts = small
     per_thread_stream = 2  # cudaStreamPerThread
-    tokens = [300, 1, 1000, 7, 64, 900, 128, 33]
-    inputs = [[inputs_of(config, t, seed=500 + 20 * n + i) for i, t in enumerate(tokens)] for n in range(2)]
+    threads_n, rounds = 4, 20
+    tokens = [1000, 1200, 1, 1100, 7]
+    inputs = [[inputs_of(config, t, seed=500 + 20 * n + i) for i, t in enumerate(tokens)] for n in range(threads_n)]
     expected = [alone(config, experts, each) for each in inputs]
-    outs = [[torch.empty((t, config.hidden), dtype=torch.bfloat16, device="cuda") for t in tokens] for _ in range(2)]
+    outs = [[torch.empty((t, config.hidden), dtype=torch.bfloat16, device="cuda") for t in tokens]
+            for _ in range(threads_n)]
     torch.cuda.synchronize()
     errors = []
-    start = threading.Barrier(2)
+    start = threading.Barrier(threads_n)
 
     def run(n):
         try:
             stream = torch.cuda.ExternalStream(per_thread_stream)
             with torch.cuda.stream(stream):
                 start.wait()
-                for _ in range(3):
+                for _ in range(rounds):
                     for (x, ids, weights), out in zip(inputs[n], outs[n]):
                         k3moe.forward(x, ids, weights, experts, config, out=out)
                 stream.synchronize()
         except Exception as e:  # noqa: BLE001 - reported below, with the thread
             errors.append((n, e))
 
-    threads = [threading.Thread(target=run, args=(n,)) for n in range(2)]
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(threads_n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
-    for n in range(2):
+    for n in range(threads_n):
         assert_bitwise(outs[n], expected[n])
