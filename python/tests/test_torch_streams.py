@@ -96,12 +96,13 @@ def test_more_streams_than_keep_a_workspace(small):
 
 def test_per_thread_default_streams_at_the_same_time(small):
     """Four host threads on cudaStreamPerThread, one handle that names a different stream in each
-    thread (as cupy's per-thread default stream), forwards running at the same time. T = 1 and 7
-    fit the 16 MiB workspace kept per stream (keyed by stream id); T = 1000-1200 need ~18.5-42 MB
-    (at this shape GEMM2 splits K in two, and GEMM1 too from T = 1100: fp32 partial rows), so
-    they are allocated per call, in the runtime's stream order. Through torch's caching allocator, which keys its blocks by handle, one
-    thread's freed workspace went to another while still in use: this load failed both times on
-    the H100 before the fix (a CUDA error, then a hang) and passed both times after (Session 47).
+    thread (as cupy's per-thread default stream), forwards running at the same time. T = 1 and 7 fit
+    the 16 MiB workspace kept per stream (keyed by stream id); T = 1000-1200 need ~18.5-42 MB (at
+    this shape GEMM2 splits K in two, and GEMM1 too from T = 1100: fp32 partial rows), so they are
+    allocated per call, in the runtime's stream order. Through torch's caching allocator, which keys
+    its blocks by handle, one thread's freed workspace went to another while still in use: this load
+    failed both times on the H100 before the fix (a CUDA error, then a hang) and passed both times
+    after (Session 47).
     NOTE: the outputs are allocated before the threads start, for the same reason: torch's own
     allocations on that handle are not safe across threads."""
     import threading
