@@ -34,7 +34,9 @@ else
   site=$(mktemp -d "${TMPDIR:-/tmp}/k3moe-site.XXXXXX")
   trap 'rm -rf "$site"' EXIT
 fi
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+# NOTE: "-dirty" when the tree has uncommitted changes, so a kept site (BUILT_FROM) does not name
+# a commit it was not built from.
+commit=$(git -C "$root" describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)
 export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 export K3MOE_REQUIRE_GPU=${K3MOE_REQUIRE_GPU:-1}
