@@ -112,6 +112,7 @@ struct Options {
   bool stages = false;
   bool no_clock = false;
   bool per_set = false;
+  bool no_l2_flush = false;  // a diagnostic: each timed replay meets what the previous one left in L2
   double sustain_ms = 0.0;  // 0: burst timing (a few warm-up calls); > 0: steady state under load
 };
 
@@ -138,7 +139,7 @@ std::string clock_columns(const ClockSummary& c) {
 double baseline_bound(Mode mode) { return mode == Mode::A16 ? 1e-2 : 1e-1; }
 
 Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const DeviceExperts& experts,
-             const Ceilings& ceil, StreamingRead& read, const L2Flush& flush, ClockWatch clock, bool with_baseline,
+             const Ceilings& ceil, StreamingRead& read, const L2Flush* flush, ClockWatch clock, bool with_baseline,
              const Options& o) {
   const MoeConfig& cfg = shape.config;
   const int64_t T = c.tokens, H = cfg.hidden, E = cfg.num_experts, K = cfg.top_k;
@@ -219,10 +220,10 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
 
   const Timing t_ids = time_ms(stream, kWarmup, kRepeats, [&](int i) {
     sets[i % kInputSets]->with_ids.launch(stream);
-  }, o.sustain_ms, clock, &flush);
+  }, o.sustain_ms, clock, flush);
   const Timing t_logits = time_ms(stream, kWarmup, kRepeats, [&](int i) {
     sets[i % kInputSets]->with_logits.launch(stream);
-  }, o.sustain_ms, {}, &flush);
+  }, o.sustain_ms, {}, flush);
   // Call i of a series ran set i % kInputSets, and the first timed call is call kWarmup.
   const auto us_over_sets = [](const Timing& t) {
     return 1000.0 * mean_of(median_per_set(t.in_order_ms, kWarmup % kInputSets, kInputSets));
@@ -260,7 +261,7 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   if (o.per_set) print_in_order("forward, input sets in turn", t_ids);
   for (int s = 0; o.per_set && s < kInputSets; ++s) {
     const Timing t =
-        time_ms(stream, 2, kRepeats / 2, [&](int) { sets[s]->with_ids.launch(stream); }, 0.0, clock, &flush);
+        time_ms(stream, 2, kRepeats / 2, [&](int) { sets[s]->with_ids.launch(stream); }, 0.0, clock, flush);
     int min_rows = INT32_MAX, max_rows = 0, tiles128 = 0;
     for (const auto& [expert, rows] : sets[s]->local_rows) {
       min_rows = std::min(min_rows, rows);
@@ -275,12 +276,12 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
   }
   if (o.stages)
     row.stages = measure_stage_spans(stream, stage_records, kRepeats, [&](int i) {
-      flush.run(stream);
+      if (flush != nullptr) flush->run(stream);
       sets[i % kInputSets]->with_stage_times.launch(stream);
     });
   if (baseline) {
     const Timing t_base = time_ms(stream, kWarmup, kRepeats,
-                                  [&](int i) { baseline->launch(i % kInputSets, stream); }, o.sustain_ms, {}, &flush);
+                                  [&](int i) { baseline->launch(i % kInputSets, stream); }, o.sustain_ms, {}, flush);
     row.baseline_us = us_over_sets(t_base);
     K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     // The baseline must compute the same function: every set's output against ours.
@@ -392,6 +393,9 @@ void bench(const Options& o) {
                 o.sustain_ms);
   else
     std::printf("timing: burst (a few warm-up calls; a series longer than ~0.1 s reaches the power cap: see capped)\n");
+  if (o.no_l2_flush)
+    std::printf("L2: NOT emptied before the timed replays (--no-l2-flush): each meets what the one before it left "
+                "there, dirty lines included (a diagnostic, not the protocol)\n");
   std::printf("read/t: a kernel that only streams the same bytes, over this case's time (1.0 = as fast as a pure read)\n");
   std::printf("%-8s %5s %-6s %6s %9s %9s %7s %8s %6s %9s %7s %10s %9s %7s %6s %6s %6s\n", "shape", "T", "mode", "experts",
               "us", "us+route", "TB/s", "TFLOP/s", "floor", "floor/t", "read/t", "baseline", "speedup", "spread", "base-d",
@@ -415,7 +419,8 @@ void bench(const Options& o) {
       loaded.emplace(c.shape, std::make_pair(std::move(host), std::move(device)));
     }
     const auto& [host, device] = loaded.at(c.shape);
-    const Row r = run_case(c, shape, host, *device, ceil, read, flush, clock, !o.no_baseline, o);
+    const Row r = run_case(c, shape, host, *device, ceil, read, o.no_l2_flush ? nullptr : &flush, clock,
+                           !o.no_baseline, o);
     std::printf("%-8s %5d %-6s %6.1f %9.1f %9.1f %7.2f %8.1f %6.1f %9.3f %7.3f %10.1f %8.2fx %6.1f%% %6.0e %s\n",
                 c.shape.c_str(), c.tokens, std::string(to_string(c.mode)).c_str(), r.active_experts, r.us_ids,
                 r.us_logits, r.bytes / (r.us_ids * 1e-6) / 1e12, r.flops / (r.us_ids * 1e-6) / 1e12, r.floor_us,
@@ -450,6 +455,7 @@ void bench(const Options& o) {
                                 "replay (repeats / input_sets each), floor_us = the mean of the sets' floors (up to "
                                 "8b1ab48's run: the median of 40 mixed replays, us_series_median here, no L2 flush, "
                                 "inputs seeded per mode)"},
+                     {"l2_flush", !o.no_l2_flush},
                      {"sustain_ms", o.sustain_ms},
                      {"sm_clock", probe == nullptr ? "not measured: --no-clock"
                                   : "counted_*: clock64 over the global timer after each timed replay; the rest: "
@@ -530,6 +536,9 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--per-set", o->per_set,
                 "Print the timed replays in order, each with the clock after it, then time each rotated input set "
                 "alone (their routing differs) with its rows per expert");
+  cmd->add_flag("--no-l2-flush", o->no_l2_flush,
+                "A diagnostic: do not empty L2 before each timed replay, so that each meets what the previous one "
+                "left there (clean and dirty lines), as runs up to 8b1ab48's did");
   cmd->add_flag("--no-clock", o->no_clock,
                 "Do not measure the SM clock (NVML samples during the timed series, a probe after each call)");
   cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");
