@@ -14,6 +14,9 @@
   scripts/bench_report.py stages DECODE.json                      the README's breakdown of each decode row:
                                                                   each stage's us and each GEMM's TB/s
 
+A diagnostic run (`bench --no-l2-flush`, or a forced --tile, --kernel or --splits) makes no
+README table; `compare` takes it.
+
 Only the standard library; tests/python/test_bench_report.py checks them and that the README's
 tables are the ones its "Latest run" JSON gives.
 """
@@ -45,8 +48,25 @@ class ReportError(Exception):
     pass
 
 
-def load_rows(path):
-    """The rows of one bench JSON, or a ReportError naming the file and what is missing."""
+def diagnostic_settings(run):
+    """What makes a run a diagnostic rather than the protocol: `bench --no-l2-flush`, or a forced
+    tile, kernel or K split (the JSON's `forced`; not the shipped choice)."""
+    found = []
+    if run.get("protocol", {}).get("l2_flush") is False:
+        found.append("--no-l2-flush")
+    forced = run.get("forced", {})
+    if forced.get("tile", 0):
+        found.append(f"--tile {forced['tile']}")
+    if forced.get("kernel", "auto") != "auto":
+        found.append(f"--kernel {forced['kernel']}")
+    if any(forced.get("splits") or []):
+        found.append("--splits " + ",".join(str(x) for x in forced["splits"]))
+    return found
+
+
+def load_rows(path, diagnostic_ok=False):
+    """The rows of one bench JSON, or a ReportError naming the file and what is missing. Only
+    `compare` takes a diagnostic run (diagnostic_settings); the README's tables do not."""
     try:
         with open(path, encoding="utf-8") as f:
             run = json.load(f)
@@ -60,6 +80,10 @@ def load_rows(path):
         missing = [k for k in ROW_FIELDS if k not in row]
         if missing:
             raise ReportError(f"{path}: row {i} lacks {', '.join(missing)}")
+    settings = diagnostic_settings(run)
+    if settings and not diagnostic_ok:
+        raise ReportError(f"{path}: a diagnostic run ({', '.join(settings)}), not the benchmark protocol; "
+                          "only `compare` takes it")
     return rows
 
 
@@ -210,8 +234,8 @@ def clock(row):
 
 
 def compare(path_a, path_b):
-    rows_a = {key(r): r for r in load_rows(path_a)}
-    rows_b = load_rows(path_b)
+    rows_a = {key(r): r for r in load_rows(path_a, diagnostic_ok=True)}
+    rows_b = load_rows(path_b, diagnostic_ok=True)
     lines = [f"{'shape':8} {'T':>5} {'mode':6} {'A us':>10} {'B us':>10} {'B/A-1':>8} {'A floor/t':>9} {'B floor/t':>9}"
              f" {'A clock':>10} {'B clock':>10}"]
     seen = set()

@@ -155,6 +155,27 @@ def test_bad_input_names_the_file_and_what_is_missing(tmp_path):
     assert bench_report.main(["compare", str(no_rows), path]) == 2
 
 
+def test_a_diagnostic_run_makes_no_readme_table_but_compares(tmp_path):
+    protocol = write(tmp_path, "protocol.json", [row(us=100.0)])
+    for name, extra, named in [
+        ("no_flush.json", {"protocol": {"l2_flush": False}}, "--no-l2-flush"),
+        ("tile.json", {"forced": {"tile": 24, "kernel": "auto", "splits": []}}, "--tile 24"),
+        ("kernel.json", {"forced": {"tile": 0, "kernel": "wgmma", "splits": []}}, "--kernel wgmma"),
+        ("splits.json", {"forced": {"tile": 0, "kernel": "auto", "splits": [2, 0]}}, "--splits 2,0"),
+    ]:
+        path = tmp_path / name
+        path.write_text(json.dumps({"commit": "abc", "rows": [row(us=110.0)], **extra}))
+        for report in (bench_report.table, bench_report.targets, bench_report.stages):
+            with pytest.raises(bench_report.ReportError, match=re.escape(f"{name}: a diagnostic run ({named})")):
+                report([str(path)])
+        assert "+10.0%" in "\n".join(bench_report.compare(protocol, str(path)))
+    # The protocol's own flags, written out, are no diagnostic.
+    path = tmp_path / "defaults.json"
+    path.write_text(json.dumps({"commit": "abc", "rows": [row()], "protocol": {"l2_flush": True},
+                                "forced": {"tile": 0, "kernel": "auto", "splits": [0]}}))
+    assert len(bench_report.table([str(path)])) == 3
+
+
 def test_readme_table_is_the_one_its_latest_run_gives():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     match = re.search(r"Latest run:.*?JSON: bench/results/(\S+?)-\*\.json", readme)
