@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -401,7 +402,8 @@ void bench(const Options& o) {
               "us", "us+route", "TB/s", "TFLOP/s", "floor", "floor/t", "read/t", "baseline", "speedup", "spread", "base-d",
               "MHz", "capped");
   StreamingRead read;
-  const L2Flush flush(0);
+  std::optional<L2Flush> flush;  // none with --no-l2-flush: its 4x-L2 buffer is not even allocated
+  if (!o.no_l2_flush) flush.emplace(0);
   std::map<std::string, std::pair<RankExperts, std::unique_ptr<DeviceExperts>>> loaded;
   std::vector<Row> rows;
   for (const Case& c : cases) {
@@ -419,7 +421,7 @@ void bench(const Options& o) {
       loaded.emplace(c.shape, std::make_pair(std::move(host), std::move(device)));
     }
     const auto& [host, device] = loaded.at(c.shape);
-    const Row r = run_case(c, shape, host, *device, ceil, read, o.no_l2_flush ? nullptr : &flush, clock,
+    const Row r = run_case(c, shape, host, *device, ceil, read, flush ? &*flush : nullptr, clock,
                            !o.no_baseline, o);
     std::printf("%-8s %5d %-6s %6.1f %9.1f %9.1f %7.2f %8.1f %6.1f %9.3f %7.3f %10.1f %8.2fx %6.1f%% %6.0e %s\n",
                 c.shape.c_str(), c.tokens, std::string(to_string(c.mode)).c_str(), r.active_experts, r.us_ids,
