@@ -21,6 +21,7 @@ constexpr int kGroup = 32;
 constexpr int kVector = 4;                     // outputs per thread
 constexpr int kGroupLanes = kGroup / kVector;  // threads per MX group
 constexpr int kThreads = 256;
+static_assert(kGroupLanes * kVector * sizeof(float) == 128, "a group of lanes reads one 128-byte line per split and half");
 
 // Which kernel runs `splits` (kLoadBatch below): the 2-split one, or the 4-split one.
 constexpr bool two_split_kernel(int splits) { return splits <= 2; }
@@ -32,13 +33,29 @@ __device__ __forceinline__ void add4(float4& a, const float4& b) {
   a.w += b.w;
 }
 
+// NOTE: the partial sums are read once: their lines can leave L2 without a write-back to HBM, which
+// would otherwise share HBM with a weight stream (GEMM2's, or the next forward's). A second pass over
+// the thread's items: each group of 8 lanes read one line per split and half (its lane b drops lines
+// b, b + 8, ...: line l is split l / 2, gate or up), and the warp's lanes have consumed their loads.
+__device__ __forceinline__ void discard_partial_sums(const ActivationArgs& a, uint32_t used, uint32_t quads) {
+  __syncwarp();
+  const int b = threadIdx.x % kGroupLanes;
+  for (uint32_t index = blockIdx.x * kThreads + threadIdx.x; index < used; index += gridDim.x * kThreads) {
+    const float* lines = a.h + int64_t(index / quads) * 2 * a.intermediate + int64_t(index % quads - b) * kVector;
+    for (int line = b; line < 2 * a.splits; line += kGroupLanes)
+      ptx::discard_l2_line(lines + (line / 2) * a.split_stride + (line % 2) * a.intermediate);
+  }
+}
+
 // kLoadBatch: splits loaded together (2 kLoadBatch float4 in flight per thread). NOTE: the stage is
 // its CTAs' waves of one round of loads each (bench/NOTES.md, Session 22 Step 6), so registers set
 // its time: 4 holds 78-80 (3 CTAs of 256 per SM), 2 (for <= 2 splits, local28 T = 8-32) 48 (5 per
 // SM; 2 beside GEMM1's three 8-token CTAs when released early); local28 T = 8-32 -1..-2 us
 // (Session 23).
-template <int kLoadBatch>
-__global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? 5 : 3) activation_kernel(ActivationArgs a) {
+// kDiscard: the partial sums' lines are dropped from L2 after use; it costs the 2-split kernel 16
+// registers (64 at 4 CTAs per SM; at 48 it spills), too many for 2 of its CTAs beside GEMM1's three.
+template <int kLoadBatch, bool kDiscard>
+__global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? (kDiscard ? 4 : 5) : 3) activation_kernel(ActivationArgs a) {
   // NOTE: released early, GEMM2 launches while GEMM1 still runs: its CTAs take the SMs that GEMM1's
   // tail frees and stream their first weights there. They read this stage's output only after
   // their own wait, which covers this stage's end (and so GEMM1's).
@@ -88,6 +105,7 @@ __global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? 5 : 3) activation_
                        uint32_t(float_to_bf16_bits(v[2])) | (uint32_t(float_to_bf16_bits(v[3])) << 16)};
     *reinterpret_cast<uint2*>(a.inter + row * a.intermediate + j) = packed;
   }
+  if constexpr (kDiscard) discard_partial_sums(a, used, quads);
   if (threadIdx.x == 0) mark_end(a.times);
 }
 
@@ -112,17 +130,18 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream) {
   // released GEMM2 while GEMM1 runs.
   const int per_sm = args.release_early ? activation_ctas_beside_gemm1(args.splits) : 8;
   const int64_t blocks = std::min<int64_t>((threads + kThreads - 1) / kThreads, int64_t(args.sm_count) * per_sm);
-  if (two_split_kernel(args.splits))
-    return launch_dependent(activation_kernel<2>, dim3(unsigned(blocks)), kThreads, 0, stream, args);
-  launch_dependent(activation_kernel<4>, dim3(unsigned(blocks)), kThreads, 0, stream, args);
+  // Beside GEMM1 without the discards (registers); elsewhere with them.
+  const auto kernel = two_split_kernel(args.splits) ? (args.release_early ? activation_kernel<2, false> : activation_kernel<2, true>)
+                      : args.release_early ? activation_kernel<4, false> : activation_kernel<4, true>;
+  launch_dependent(kernel, dim3(unsigned(blocks)), kThreads, 0, stream, args);
 }
 
 int activation_ctas_beside_gemm1(int splits) { return two_split_kernel(splits) ? 2 : 1; }
 
 cudaFuncAttributes activation_kernel_attributes(int splits) {
   cudaFuncAttributes attributes{};
-  if (two_split_kernel(splits)) K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, activation_kernel<2>));
-  else K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, activation_kernel<4>));
+  if (two_split_kernel(splits)) K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, activation_kernel<2, false>));
+  else K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, activation_kernel<4, false>));
   return attributes;
 }
 

@@ -116,6 +116,12 @@ __device__ __forceinline__ void griddepcontrol_wait() { asm volatile("griddepcon
 __device__ __forceinline__ void prefetch_l1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
 }
+// Drop the 128-byte line at `p` (128-byte aligned) from L2 without writing it back to HBM; the
+// memory then holds indeterminate values until it is written again. For data read for the last
+// time: a weak write, so every reader of the line must have read it first.
+__device__ __forceinline__ void discard_l2_line(const void* p) {
+  asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(p));
+}
 // Let the next kernel in the stream start its CTAs (they wait in griddepcontrol_wait for ours).
 __device__ __forceinline__ void griddepcontrol_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
