@@ -331,6 +331,13 @@ std::vector<Case> matrix(bool quick) {
     add("reduced", reduced, {1, 0}, mode, Activation::Situ, 33, RoutingKind::Skewed, Poison::NanWeightScale);
     cases.back().splits = 3;
   }
+  // K split into 2 ranges with tiles of more than 8 tokens: the activation stage's 2-split kernel
+  // that is not beside GEMM1, which drops its input from L2 once read (Kimi-K3 local28 T = 32 runs
+  // it as the heuristic chooses).
+  for (Mode mode : modes) {
+    add("reduced", reduced, {1, 0}, mode, Activation::Situ, 33, RoutingKind::Logits);
+    cases.back().splits = 2;
+  }
   for (Mode mode : modes)
     for (int T : quick ? std::vector<int>{64} : std::vector<int>{1, 64, 1024})
       add("ep32-896", ep32_896_config(), {32, 7}, mode, Activation::Situ, T, RoutingKind::Logits);
@@ -343,7 +350,7 @@ std::vector<Case> matrix(bool quick) {
       }
 
   for (Mode mode : modes)
-    for (int T : quick ? std::vector<int>{1} : std::vector<int>{1, 128})
+    for (int T : quick ? std::vector<int>{1} : std::vector<int>{1, 32, 128})
       add("k3-local28", k3_local28_config(), {1, 0}, mode, Activation::Situ, T, RoutingKind::Logits);
   return cases;
 }

@@ -7,7 +7,9 @@
 #include "k3moe/error.h"
 #include "kernels/activation.cuh"
 #include "kernels/combine.cuh"
+#include "kernels/expert_gemm.cuh"
 #include "runtime/heuristics.h"
+#include "validation/validation.h"
 
 namespace k3moe {
 namespace {
@@ -128,6 +130,27 @@ TEST(Heuristics, ForcedTileMustBeOneTheKernelsHave) {
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::MmaSync, 24).token_tile,
             kernels::TokenTile::T24);
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::Auto, 24).token_tile, kernels::TokenTile::T24);
+}
+
+// The activation stage drops its partial sums from L2 once read, except beside GEMM1
+// (activation.cu). A drop before some lane's read would give that lane another forward's values, so
+// the quick validation matrix (test_validation_matrix.cpp, on a GPU of 132 SMs) must run both
+// kernels that drop: the 2-split one and the one for more splits.
+TEST(Heuristics, TheQuickMatrixRunsTheActivationKernelsThatDropTheirInput) {
+  int two = 0, more = 0;
+  for (const validation::Case& c : validation::matrix(true)) {
+    if (c.tokens == 0) continue;
+    const KernelChoice k = choose_kernels(c.config, c.ep, c.tokens, 132, c.kernel);
+    if (kernels::tile_uses_wgmma(k.token_tile) || k.activation_beside_gemm1) continue;
+    // A forced split as MoePlan applies it (plan.cu, kernel_choice).
+    const int splits = c.splits > 0 ? std::min({c.splits, c.config.hidden / kernels::kGemmChunkK,
+                                                kernels::kMaxActivationSplits})
+                                    : k.gemm1_splits;
+    if (splits == 2) ++two;
+    if (splits > 2) ++more;
+  }
+  EXPECT_GT(two, 0);
+  EXPECT_GT(more, 0);
 }
 
 }  // namespace
