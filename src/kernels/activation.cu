@@ -52,8 +52,10 @@ __device__ __forceinline__ void discard_partial_sums(const ActivationArgs& a, ui
 // its time: 4 holds 78-80 (3 CTAs of 256 per SM), 2 (for <= 2 splits, local28 T = 8-32) 48 (5 per
 // SM; 2 beside GEMM1's three 8-token CTAs when released early); local28 T = 8-32 -1..-2 us
 // (Session 23).
-// kDiscard: the partial sums' lines are dropped from L2 after use; it costs the 2-split kernel 16
-// registers (64 at 4 CTAs per SM; at 48 it spills), too many for 2 of its CTAs beside GEMM1's three.
+// kDiscard: the partial sums' lines are dropped from L2 after use. The 2-split kernel then takes 62
+// registers at 4 CTAs per SM (at 48 it spills), too many for 2 of its CTAs beside GEMM1's three, so
+// the kernels beside GEMM1 do without (H100 local28 T = 32 -4 %, the H200 unmoved: bench/NOTES.md,
+// Session 50).
 template <int kLoadBatch, bool kDiscard>
 __global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? (kDiscard ? 4 : 5) : 3) activation_kernel(ActivationArgs a) {
   // NOTE: released early, GEMM2 launches while GEMM1 still runs: its CTAs take the SMs that GEMM1's
