@@ -41,8 +41,9 @@ void check_activation_rows(int64_t max_rows, int intermediate, int sm_count);
 // Released early: the CTAs per SM the stage runs for `splits` (2 for the 2-split kernel's 48
 // registers, 1 for the other's 80).
 int activation_ctas_beside_gemm1(int splits);
-// The resources (registers, shared memory) of the kernel that runs `splits`, for the test that
-// activation_ctas_beside_gemm1(splits) of its CTAs fit beside GEMM1's.
+// The resources (registers, shared memory) of the kernel that runs `splits` released early (beside
+// GEMM1: the one that keeps its input in L2), for the test that activation_ctas_beside_gemm1(splits)
+// of its CTAs fit beside GEMM1's.
 cudaFuncAttributes activation_kernel_attributes(int splits);
 
 }  // namespace k3moe::kernels
