@@ -41,5 +41,8 @@ struct KernelChoice {
 // `forced_kernel` and `forced_tile` (PlanOptions) fix either; the rest is chosen for them.
 KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count,
                             GemmKernel forced_kernel = GemmKernel::Auto, int forced_tile = 0);
+// What a MoePlan of these options runs at `tokens`: the heuristic's choice with the options'
+// overrides (forced kernel, tile, K splits) applied.
+KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, int sm_count);
 
 }  // namespace k3moe

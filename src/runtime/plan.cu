@@ -24,16 +24,6 @@
 namespace k3moe {
 namespace {
 
-// The heuristic's choice with the options' overrides applied.
-KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, int sm_count) {
-  KernelChoice k = choose_kernels(o.config, o.ep, int(tokens), sm_count, o.gemm_kernel, o.token_tile);
-  if (kernels::tile_uses_wgmma(k.token_tile)) return k;
-  const int chunks1 = o.config.hidden / kernels::kGemmChunkK, chunks2 = o.config.intermediate / kernels::kGemmChunkK;
-  if (o.gemm1_splits > 0) k.gemm1_splits = std::min({o.gemm1_splits, chunks1, kernels::kMaxActivationSplits});
-  if (o.gemm2_splits > 0) k.gemm2_splits = std::min({o.gemm2_splits, chunks2, kernels::kMaxCombineSplits});
-  return k;
-}
-
 // Carves the workspace into the stages' buffers, 256-byte aligned.
 struct Workspace {
   int32_t* route_ids = nullptr;     // [T, K] when routing from logits without caller buffers

@@ -265,6 +265,13 @@ Tolerance tolerance(Mode mode) {
   return mode == Mode::A16 ? Tolerance{6e-4, 5e-3} : Tolerance{2.5e-3, 1.5e-1};
 }
 
+PlanOptions plan_options(const Case& c) {
+  PlanOptions options{c.config, std::max(1, c.tokens), c.mode, c.activation, c.config.activation_params, c.ep, 0};
+  options.gemm1_splits = options.gemm2_splits = c.splits;
+  options.gemm_kernel = c.kernel;
+  return options;
+}
+
 std::vector<Case> matrix(bool quick) {
   std::vector<Case> cases;
   const Mode modes[] = {Mode::A16, Mode::Mxfp8};
@@ -377,10 +384,7 @@ Result run(const Case& c) {
   const std::vector<double> ref_emulate = reference_forward(problem, Precision::Emulate);
   const std::vector<double> ref_ideal = reference_forward(problem, Precision::Ideal);
 
-  PlanOptions options{c.config, std::max(1, c.tokens), c.mode, c.activation, c.config.activation_params, c.ep, 0};
-  options.gemm1_splits = options.gemm2_splits = c.splits;
-  options.gemm_kernel = c.kernel;
-  MoePlan plan = MoePlan::create(options);
+  MoePlan plan = MoePlan::create(plan_options(c));
   CudaStream stream;
   DeviceInputs d(c, in);
   const bool from_logits = c.routing == RoutingKind::Logits;

@@ -66,6 +66,8 @@ struct Result {
 };
 
 std::vector<Case> matrix(bool quick);
+// The MoePlan options a case runs with.
+PlanOptions plan_options(const Case& c);
 // Runs one case on GPU 0. Never throws for a failed check (the Result says why); throws
 // k3moe::Error when the case cannot run at all.
 Result run(const Case& c);

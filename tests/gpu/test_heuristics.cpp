@@ -7,7 +7,6 @@
 #include "k3moe/error.h"
 #include "kernels/activation.cuh"
 #include "kernels/combine.cuh"
-#include "kernels/expert_gemm.cuh"
 #include "runtime/heuristics.h"
 #include "validation/validation.h"
 
@@ -140,14 +139,10 @@ TEST(Heuristics, TheQuickMatrixRunsTheActivationKernelsThatDropTheirInput) {
   int two = 0, more = 0;
   for (const validation::Case& c : validation::matrix(true)) {
     if (c.tokens == 0) continue;
-    const KernelChoice k = choose_kernels(c.config, c.ep, c.tokens, 132, c.kernel);
+    const KernelChoice k = kernel_choice(validation::plan_options(c), c.tokens, 132);
     if (kernels::tile_uses_wgmma(k.token_tile) || k.activation_beside_gemm1) continue;
-    // A forced split as MoePlan applies it (plan.cu, kernel_choice).
-    const int splits = c.splits > 0 ? std::min({c.splits, c.config.hidden / kernels::kGemmChunkK,
-                                                kernels::kMaxActivationSplits})
-                                    : k.gemm1_splits;
-    if (splits == 2) ++two;
-    if (splits > 2) ++more;
+    if (k.gemm1_splits == 2) ++two;
+    if (k.gemm1_splits > 2) ++more;
   }
   EXPECT_GT(two, 0);
   EXPECT_GT(more, 0);
