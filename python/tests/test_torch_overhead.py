@@ -5,8 +5,8 @@ median of five rounds that each time the eager call and the replay back to back.
 host-bound, and a shared host's speed moves within seconds (bench/NOTES.md, Session 44), so an
 eager torch.add of x (one launch, one allocation) is printed beside the figures as the host's
 speed, with the device time of one forward (a graph of 20 forwards, divided by 20) and the C++
-benchmark's row for the same shape (bench/results, when present). Run pytest with -s, or read the
-`k3moe overhead` lines in the log.
+benchmark's rows for the same shape on the same GPU model (bench/results, when present). Run
+pytest with -s, or read the `k3moe overhead` lines in the log.
 """
 
 import glob
@@ -42,15 +42,24 @@ def graph_of(fn, repeats=1):
 
 
 def cpp_bench_row(mode: str):
-    """The newest decode benchmark's T = 1, local28, 16-active-experts row, if the tree has one."""
+    """The T = 1, local28, 16-active-experts rows of the newest date's decode benchmarks on this GPU model
+    (bench/results; sustained runs left out), if the tree has any."""
     root = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "results")
-    for path in sorted(glob.glob(os.path.join(root, "*decode*.json")), reverse=True):
+    gpu = torch.cuda.get_device_name()
+    found = {}
+    for path in glob.glob(os.path.join(root, "*decode*.json")):
         with open(path) as f:
             result = json.load(f)
+        if "sustained" in os.path.basename(path) or result.get("machine", {}).get("gpu") != gpu:
+            continue
         for row in result.get("rows", []):
             if row.get("tokens") == 1 and row.get("mode") == mode and row.get("shape") == "local28":
-                return f"{row['us']:.1f} us ({os.path.basename(path)}, commit {result.get('commit')})"
-    return "none in bench/results"
+                row_text = f"{row['us']:.1f} us (commit {result.get('commit')})"
+                found.setdefault(result.get("date", ""), []).append(row_text)
+    if not found:
+        return f"none on {gpu} in bench/results"
+    newest = max(found)
+    return f"{', '.join(sorted(found[newest]))} on {gpu}, {newest}"
 
 
 def measure(label, config, experts, ids, mode_note=""):
