@@ -132,7 +132,7 @@ TEST(Heuristics, ForcedTileMustBeOneTheKernelsHave) {
 }
 
 // The activation stage drops its partial sums from L2 once read, except beside GEMM1
-// (activation.cu). A drop before some lane's read would give that lane another forward's values, so
+// (activation.cu). A drop before some lane's read would give that lane indeterminate values, so
 // the quick validation matrix (test_validation_matrix.cpp, on a GPU of 132 SMs) must run both
 // kernels that drop: the 2-split one and the one for more splits.
 TEST(Heuristics, TheQuickMatrixRunsTheActivationKernelsThatDropTheirInput) {
