@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -23,6 +24,7 @@
 #include "k3moe/config.h"
 #include "k3moe/error.h"
 #include "k3moe/experts.h"
+#include "k3moe/forward_graph.h"
 #include "k3moe/plan.h"
 #include "plan_cache.h"
 #include "stream_workspace.h"
@@ -33,6 +35,16 @@ namespace {
 
 cudaStream_t current_stream(c10::Device device) {
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+}
+
+// Eager forwards run as one graph launch each (ForwardGraph) unless K3MOE_EAGER_GRAPH=0 is set when
+// the module loads (then as their kernels' launches: the comparison in test_torch_overhead.py).
+bool eager_forward_as_graph() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("K3MOE_EAGER_GRAPH");
+    return value == nullptr || std::string_view(value) != "0";
+  }();
+  return enabled;
 }
 
 // ------------------------------------------------------------------------------- prepare_experts
@@ -203,7 +215,10 @@ at::Tensor run_forward(const char* op, const at::Tensor& x, const std::optional<
     args.topk_ids = &ids_dl;
     args.topk_weights = &weights_dl;
     args.out = &out_dl;
-    plan.forward(*experts, args, stream, workspace.data());
+    if (ForwardGraph* graph = workspace.forward_graph(); graph != nullptr && eager_forward_as_graph())
+      graph->forward(plan, *experts, args, stream, workspace.data());
+    else
+      plan.forward(*experts, args, stream, workspace.data());
   });
   return out;
 }

@@ -16,6 +16,7 @@ struct KeptWorkspace {
   std::mutex mutex;  // held by the forward enqueueing over `buffer`
   void* buffer = nullptr;  // cudaMallocAsync on its stream
   int64_t bytes = 0;
+  ForwardGraph graph;  // the stream's eager forwards
 };
 
 at::Tensor allocate(int64_t bytes, c10::Device device) {
@@ -103,6 +104,7 @@ StreamWorkspace::StreamWorkspace(int64_t bytes, c10::Device device, cudaStream_t
     kept_lock_ = std::unique_lock<std::mutex>(kept->mutex);
     if (grow(*kept, bytes, device, stream)) {
       data_ = kept->buffer;
+      forward_graph_ = &kept->graph;
       return;
     }
     kept_lock_.unlock();

@@ -10,7 +10,8 @@
 // thread, and torch's allocator, which keys its blocks by handle, would hand a block freed in one
 // thread to another while the first thread's kernels still use it (bench/NOTES.md, Session 47).
 // There a per-call workspace comes from the runtime's stream-ordered allocator, which resolves the
-// handle to the calling thread's stream.
+// handle to the calling thread's stream. A stream that keeps a workspace also keeps a ForwardGraph
+// (k3moe/forward_graph.h): its eager forwards are then one graph launch each.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -18,6 +19,8 @@
 
 #include <cstdint>
 #include <mutex>
+
+#include "k3moe/forward_graph.h"
 
 namespace k3moe::torch_binding {
 
@@ -36,6 +39,8 @@ class StreamWorkspace {
   StreamWorkspace(const StreamWorkspace&) = delete;
   StreamWorkspace& operator=(const StreamWorkspace&) = delete;
   void* data() const { return data_; }
+  // The stream's ForwardGraph where its workspace is kept (guarded by the same lock), else null.
+  ForwardGraph* forward_graph() const { return forward_graph_; }
 
  private:
   at::Tensor allocated_;  // a per-call workspace from torch
@@ -44,6 +49,7 @@ class StreamWorkspace {
   c10::Device device_;
   std::unique_lock<std::mutex> kept_lock_;
   void* data_ = nullptr;
+  ForwardGraph* forward_graph_ = nullptr;
 };
 
 }  // namespace k3moe::torch_binding

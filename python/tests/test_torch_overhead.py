@@ -25,6 +25,8 @@ pytestmark = pytest.mark.hopper
 EAGER_OVERHEAD_LIMIT_US = 15.0
 CALLS = 300
 ROUNDS = 5  # paired eager / replay measurements; the median round's overhead is asserted
+# How the op enqueues an eager forward (K3MOE_EAGER_GRAPH, read when the module loads).
+EAGER_LAUNCH = "kernel launches" if os.environ.get("K3MOE_EAGER_GRAPH") == "0" else "one graph launch"
 
 
 def per_call_us(fn, calls=CALLS):
@@ -92,7 +94,8 @@ def measure(label, config, experts, ids, mode_note=""):
     print(f"\nk3moe overhead [{label}] T=1: eager op {eager:.1f} us (config by keyword {eager_keywords:.1f} us, "
           f"k3moe.forward() {eager_api:.1f} us), graph replay {replay:.1f} us, device time {device:.1f} us per "
           f"forward; eager overhead {overhead:.1f} us (limit {EAGER_OVERHEAD_LIMIT_US}; rounds "
-          f"{', '.join(f'{o:.1f}' for o in overheads)}); eager torch.add on this host {one_kernel:.1f} us{mode_note}")
+          f"{', '.join(f'{o:.1f}' for o in overheads)}); eager torch.add on this host {one_kernel:.1f} us; eager "
+          f"forwards as {EAGER_LAUNCH}{mode_note}")
     return overhead
 
 

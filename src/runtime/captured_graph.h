@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <utility>
+#include <vector>
 
 namespace k3moe {
 
@@ -24,7 +25,8 @@ class CapturedGraph {
     }
     end(stream);
   }
-  CapturedGraph(CapturedGraph&& other) noexcept : exec_(std::exchange(other.exec_, nullptr)) {}
+  CapturedGraph(CapturedGraph&& other) noexcept
+      : graph_(std::exchange(other.graph_, nullptr)), exec_(std::exchange(other.exec_, nullptr)) {}
   CapturedGraph& operator=(CapturedGraph&& other) noexcept;
   CapturedGraph(const CapturedGraph&) = delete;
   CapturedGraph& operator=(const CapturedGraph&) = delete;
@@ -32,11 +34,18 @@ class CapturedGraph {
 
   void launch(cudaStream_t stream) const;
 
+  // The captured nodes in order, where they form one chain (each node the only dependent of the
+  // one before, as a stream's launches do); throws otherwise.
+  std::vector<cudaGraphNode_t> chain() const;
+  // Replaces a kernel node's launch (all of it, the kernel included) for the launches after this.
+  void set_kernel(cudaGraphNode_t node, const cudaKernelNodeParams& params);
+
  private:
   static void begin(cudaStream_t stream);
   static void abandon(cudaStream_t stream);
   void end(cudaStream_t stream);
 
+  cudaGraph_t graph_ = nullptr;  // kept: its nodes name those of exec_
   cudaGraphExec_t exec_ = nullptr;
 };
 
