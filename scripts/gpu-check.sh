@@ -100,6 +100,10 @@ if want sanitize; then
       compute-sanitizer --tool $tool --error-exitcode 3 --print-limit 20 "$k3moe" validate --quick ${f:+--filter "$f"} \
         >> "$out/sanitize-$tool.log" 2>&1 || rc=$?
     done
+    # And ForwardGraph's tests: 14 forwards of a small shape over both GEMM kernels, both modes and
+    # token tiles the two cases above do not reach (N = 96: Session 52's racecheck finding).
+    K3MOE_REQUIRE_GPU=1 compute-sanitizer --tool $tool --error-exitcode 3 --print-limit 20 "$bin/k3moe_gpu_tests" --gtest_filter='ForwardGraph.*' \
+      >> "$out/sanitize-$tool.log" 2>&1 || rc=$?
     verdict=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -n 1)
     record "compute-sanitizer $tool" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$verdict ($(( $(date +%s) - start )) s)"
     [ $rc = 0 ] || { status=1; tail -n 20 "$out/sanitize-$tool.log"; }

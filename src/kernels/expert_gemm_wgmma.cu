@@ -292,7 +292,7 @@ __device__ __forceinline__ void consume_chunk(const uint8_t* st, int cwg, int wa
       ptx::wgmma_commit();
       ptx::wgmma_wait<1>();
       if (kb == 0 && kk == 0 && release >= 0) {  // the previous chunk's wgmmas are complete
-        if (lane == 0) ptx::mbarrier_arrive(&empty[release]);
+        ptx::mbarrier_arrive(&empty[release]);
         release = -1;
       }
     }
@@ -511,7 +511,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int s = 0; s < T::kStages; ++s) {
       // The bulk copies' arrival (GEMM1: + 128 cp.async threads).
       ptx::mbarrier_init(&s_full[s], kTakeUnits ? 1 : 1 + 128);
-      ptx::mbarrier_init(&s_empty[s], 4 * T::kConsumers);  // one per consumer warp
+      // NOTE: every consumer thread arrives, after its own reads of the stage. One arrival per warp
+      // (lane 0's) left the other lanes' code-word loads unordered before the producer's next bulk
+      // copy into the stage (the wgmmas that consumed them converge the warp but order no memory):
+      // racecheck reported write-after-read hazards (N = 96 tiles, MXFP8, H 512), and a __syncwarp
+      // before lane 0's arrival makes ptxas serialize the wgmmas (bench/NOTES.md, Session 52).
+      ptx::mbarrier_init(&s_empty[s], 128 * T::kConsumers);
     }
     if constexpr (T::kStaged) {
       ptx::mbarrier_init(&s_staged_full, 128 * T::kConsumers);
@@ -577,7 +582,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       }
     });
     ptx::wgmma_wait<0>();
-    if (lane == 0) ptx::mbarrier_arrive(&s_empty[release]);
+    ptx::mbarrier_arrive(&s_empty[release]);
     release = -1;
     if constexpr (T::kStaged) {
       stage_unit(unit.tile, unit.group, u / row_groups,
