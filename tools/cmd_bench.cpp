@@ -108,6 +108,7 @@ struct Options {
   bool no_baseline = false;
   std::vector<int> splits;  // {both} or {GEMM1, GEMM2}; 0: the heuristic's
   int tile = 0;             // 0: the heuristic's
+  std::vector<int> unit_rows;  // {both} or {GEMM1, GEMM2}; 0: the heuristic's
   std::string kernel = "auto";
   bool explain = false;
   bool stages = false;
@@ -150,6 +151,10 @@ Row run_case(const Case& c, const Shape& shape, const RankExperts& host, const D
     options.gemm2_splits = o.splits.back();
   }
   options.token_tile = o.tile;
+  if (!o.unit_rows.empty()) {
+    options.gemm1_unit_rows = o.unit_rows.front();
+    options.gemm2_unit_rows = o.unit_rows.back();
+  }
   options.gemm_kernel = o.kernel == "wgmma" ? GemmKernel::Wgmma : o.kernel == "mmasync" ? GemmKernel::MmaSync : GemmKernel::Auto;
   MoePlan plan = MoePlan::create(options);
   if (o.explain) std::printf("  %s T=%d %.*s: %s\n", shape.name.c_str(), c.tokens, int(to_string(c.mode).size()), to_string(c.mode).data(),
@@ -464,7 +469,7 @@ void bench(const Options& o) {
                                     "NVML every 1 ms during the forward's timed replays" +
                                         (no_clock.empty() ? "" : " (not sampled: " + no_clock + ")")}};
     // Settings that override the heuristic: rows timed with any of them are not the shipped choice.
-    j["forced"] = {{"tile", o.tile}, {"kernel", o.kernel}, {"splits", o.splits}};
+    j["forced"] = {{"tile", o.tile}, {"kernel", o.kernel}, {"splits", o.splits}, {"unit_rows", o.unit_rows}};
     for (const Row& r : rows) {
       j["rows"].push_back({{"shape", r.c.shape},
                            {"tokens", r.c.tokens},
@@ -525,6 +530,12 @@ void register_bench(CLI::App& app) {
       ->delimiter(',')
       ->expected(1, 2)
       ->check(non_negative_integer());
+  cmd->add_option("--unit-rows", o->unit_rows,
+                  "Force the weight rows per work unit on 8-token tiles: N for both GEMMs, or N1,N2 (128 or 256; 0: "
+                  "the heuristic's)")
+      ->delimiter(',')
+      ->expected(1, 2)
+      ->check(CLI::IsMember({0, 128, 256}));
   cmd->add_option("--tile", o->tile, "Force the expert GEMMs' token tile: 8, 16, 24, 32 (mma.sync) or 32, 64, 96, 128 (wgmma); 0: the heuristic's")
       ->check(non_negative_integer())
       ->check(CLI::IsMember({0, 8, 16, 24, 32, 64, 96, 128}));

@@ -4,7 +4,10 @@
 // 8-wide B side, so one token does not waste a 64-row tile. A unit of work is 256 weight rows
 // (4 warps x 4 m-tiles, or 8 x 2) of one expert, one tile of 8/16/24/32 of that expert's token rows
 // and one range of K; persistent CTAs take units from a counter and stream K in chunks of 128
-// through one pipeline of 3 to 8 stages that runs across units. A producer warp fills each stage:
+// through one pipeline of 3 to 8 stages that runs across units. With 8-token tiles a unit can
+// also be 128 rows (4 warps x 2 m-tiles, half a layout row group) streamed in chunks of 256 of K:
+// the same bytes per stage, twice the units, so K can stay whole where 256-row units would need
+// K ranges to fill the SMs. A producer warp fills each stage:
 // the weight blocks (already in fragment order, expert_layout.cuh) and their scales by two bulk
 // copies, the token rows (gathered by token id for GEMM1) by cp.async, all completing on the
 // stage's full barrier; the consumer warps release it on its empty barrier, each at its own pace.
@@ -33,17 +36,20 @@
 namespace k3moe::kernels {
 namespace {
 
-template <int kNT_, int kWarps_>
+template <int kNT_, int kWarps_, int kMTiles_ = 16 / kWarps_>
 struct Tile {
   static constexpr int kNT = kNT_;  // mma n-tiles (8 tokens each) per warp
   static constexpr int kTokens = 8 * kNT;
   static constexpr int kWarps = kWarps_;  // consumer warps; one producer warp follows them
   static constexpr int kConsumerThreads = 32 * kWarps;
   static constexpr int kThreads = kConsumerThreads + 32;
-  static constexpr int kMTiles = 16 / kWarps;  // m16 tiles per warp: 256 rows per CTA
+  static constexpr int kMTiles = kMTiles_;  // m16 tiles per warp
   static constexpr int kRowBlocks = kWarps * kMTiles;
-  static constexpr int kRowsPerCta = 16 * kRowBlocks;  // 256
-  static constexpr int kChunkK = 128;
+  static constexpr int kRowsPerCta = 16 * kRowBlocks;  // 256, or 128 (half a layout row group)
+  // Every stage holds a row group's weight bytes of 128 of K: 128 rows stream 256 of K per stage,
+  // as two runs of the layout.
+  static constexpr int kRuns = layout::kGroupRowBlocks / kRowBlocks;
+  static constexpr int kChunkK = layout::kChunkK * kRuns;
   static constexpr int kChunkBlocks = kChunkK / layout::kBlockK;
   // NOTE: three stages (~60-72 KB) let three CTAs share an SM at 8 to 24 tokens, where latency
   // hiding needs warps; at 32 tokens the tile is larger and two CTAs with four stages fit, or one
@@ -58,7 +64,7 @@ struct Tile {
   static constexpr int kStageBytes = kCodeBytes + kScaleBytes + kActBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
 
-  static_assert(kChunkK % layout::kBlockK == 0);
+  static_assert(kRowBlocks * kRuns == layout::kGroupRowBlocks, "a unit is a layout row group or half of one");
   static_assert(kStageBytes % 128 == 0, "stages must stay 16-byte (cp.async) aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory budget of one SM");
 };
@@ -84,21 +90,24 @@ __device__ __forceinline__ Unit decode_unit(const ExpertGemmArgs& a, int u, int 
 }
 
 // What the producer warp copies into a pipeline stage for the chunks of one unit: lane 0 the
-// unit's weight blocks and scales of the chunk (one contiguous run each, expert_layout.cuh) by two
-// bulk copies, every lane its token-row pieces by cp.async (lane l: 16-byte column l % 16 of rows
-// l / 16 + 2 i; rows past the tile are zeros). Both complete on the stage's full barrier. The
-// sources are resolved once per unit.
+// unit's weight blocks and scales of the chunk (per layout run of 128 of K, one contiguous run
+// each, expert_layout.cuh) by bulk copies, every lane its token-row pieces by cp.async (lane l:
+// 16-byte column l % P of rows l / P + (32 / P) i, P pieces per row; rows past the tile are
+// zeros). All complete on the stage's full barrier. The sources are resolved once per unit.
 template <class T>
 struct ChunkCopier {
   static constexpr int kPiecesPerRow = T::kChunkK / 8;  // 16 bytes each
-  static constexpr int kRowsPerLane = T::kTokens * kPiecesPerRow / 32;
-  static_assert(kPiecesPerRow == 16 && T::kTokens % 2 == 0);
-  static_assert(T::kChunkBlocks == layout::kChunkBlocks && T::kRowBlocks == layout::kGroupRowBlocks,
-                "a unit's chunk is one run of the layout");
+  static constexpr int kRowStep = 32 / kPiecesPerRow;
+  static constexpr int kRowsPerLane = T::kTokens / kRowStep;
+  static_assert(32 % kPiecesPerRow == 0 && T::kTokens % kRowStep == 0);
+  static_assert(T::kChunkBlocks == layout::kChunkBlocks * T::kRuns, "a chunk is kRuns runs of the layout");
+  static constexpr uint32_t kRunCodeBytes = T::kRowBlocks * layout::kChunkBlocks * layout::kBlockCodeBytes;
+  static constexpr uint32_t kRunScaleBytes = T::kRowBlocks * layout::kChunkBlocks * layout::kBlockScaleBytes;
 
-  const uint8_t* code_src;  // chunk 0 of the unit's row group
+  const uint8_t* code_src;  // the unit's run of layout chunk 0 (its row blocks of the row group)
   const uint8_t* scale_src;
-  uint32_t code_bytes, scale_bytes;  // per chunk: the group's row blocks x 2 k-blocks
+  uint32_t code_bytes, scale_bytes;  // per run: the unit's row blocks x 2 k-blocks
+  uint32_t code_stride, scale_stride;  // per layout chunk: the row group's row blocks x 2 k-blocks
   // The lane's rows as offsets of their first piece in 16-byte pieces of the activations (32 bits:
   // max_gemm_tokens bounds them); bit i of act_valid: the lane's row i exists.
   uint32_t act_piece[kRowsPerLane];
@@ -106,18 +115,23 @@ struct ChunkCopier {
 
   __device__ __forceinline__ void init(const ExpertGemmArgs& a, const Unit& unit, int lane) {
     const int n_blocks = a.N / layout::kBlockRows, k_blocks = a.K / layout::kBlockK;
-    const int group = unit.row0 / T::kRowsPerCta;
+    const int group = unit.row0 / (layout::kGroupRowBlocks * layout::kBlockRows);
+    const int first_row_block = unit.row0 / layout::kBlockRows - group * layout::kGroupRowBlocks;
+    const int group_blocks = layout::group_row_blocks(group, a.N);
     const int64_t first_block = int64_t(unit.expert) * n_blocks * k_blocks +
-                                int64_t(group) * layout::kGroupRowBlocks * k_blocks;
-    const int blocks = layout::group_row_blocks(group, a.N) * T::kChunkBlocks;
+                                int64_t(group) * layout::kGroupRowBlocks * k_blocks +
+                                first_row_block * layout::kChunkBlocks;
+    const int blocks = min(T::kRowBlocks, group_blocks - first_row_block) * layout::kChunkBlocks;
     code_src = a.codes + first_block * layout::kBlockCodeBytes;
     scale_src = a.scales + first_block * layout::kBlockScaleBytes;
     code_bytes = blocks * layout::kBlockCodeBytes;
     scale_bytes = blocks * layout::kBlockScaleBytes;
+    code_stride = group_blocks * layout::kChunkBlocks * layout::kBlockCodeBytes;
+    scale_stride = group_blocks * layout::kChunkBlocks * layout::kBlockScaleBytes;
     act_valid = 0;
 #pragma unroll
     for (int i = 0; i < kRowsPerLane; ++i) {
-      const int r = lane / kPiecesPerRow + 2 * i;
+      const int r = lane / kPiecesPerRow + kRowStep * i;
       const bool valid = r < unit.tile_count;
       const int src_row = !valid ? 0 : a.row_token ? a.row_token[unit.tile_row0 + r] : unit.tile_row0 + r;
       act_piece[i] = uint32_t(src_row) * uint32_t(a.K / 8) + lane % kPiecesPerRow;
@@ -131,9 +145,14 @@ struct ChunkCopier {
   // partials; measured in bench/NOTES.md, Session 11).
   __device__ __forceinline__ void weights(uint8_t* stage, int chunk, uint64_t* full) const {
     const uint64_t policy = ptx::l2_policy_evict_first();
-    ptx::mbarrier_arrive_expect_tx(full, code_bytes + scale_bytes);
-    ptx::cp_async_bulk_g2s(stage, code_src + int64_t(chunk) * code_bytes, code_bytes, full, policy);
-    ptx::cp_async_bulk_g2s(stage + T::kCodeBytes, scale_src + int64_t(chunk) * scale_bytes, scale_bytes, full, policy);
+    ptx::mbarrier_arrive_expect_tx(full, T::kRuns * (code_bytes + scale_bytes));
+#pragma unroll
+    for (int r = 0; r < T::kRuns; ++r) {
+      const int64_t run = int64_t(chunk) * T::kRuns + r;
+      ptx::cp_async_bulk_g2s(stage + r * kRunCodeBytes, code_src + run * code_stride, code_bytes, full, policy);
+      ptx::cp_async_bulk_g2s(stage + T::kCodeBytes + r * kRunScaleBytes, scale_src + run * scale_stride, scale_bytes,
+                             full, policy);
+    }
   }
 
   // Every lane; its arrival on `full` comes when its copies have landed.
@@ -144,7 +163,7 @@ struct ChunkCopier {
     const uint4* src = reinterpret_cast<const uint4*>(a.act) + chunk * kPiecesPerRow;
 #pragma unroll
     for (int i = 0; i < kRowsPerLane; ++i)
-      ptx::cp_async_16(s_act + 2 * i * T::kActStride, src + act_piece[i], (act_valid >> i & 1) ? 16 : 0);
+      ptx::cp_async_16(s_act + kRowStep * i * T::kActStride, src + act_piece[i], (act_valid >> i & 1) ? 16 : 0);
     ptx::cp_async_mbarrier_arrive_noinc(full);
   }
 };
@@ -152,7 +171,15 @@ struct ChunkCopier {
 template <class T>
 using Accumulators = float[T::kMTiles][T::kNT][4];
 
-// One chunk's MMAs from a landed stage: every warp its 4 m-tiles x all token n-tiles.
+// Stage index of the block of CTA row block rb and chunk k-block kb: runs of the layout, each
+// [row block][2 k-blocks].
+template <class T>
+__device__ __forceinline__ int stage_block(int rb, int kb) {
+  return (kb / layout::kChunkBlocks) * T::kRowBlocks * layout::kChunkBlocks + rb * layout::kChunkBlocks +
+         kb % layout::kChunkBlocks;
+}
+
+// One chunk's MMAs from a landed stage: every warp its m-tiles x all token n-tiles.
 template <class T>
 __device__ __forceinline__ void compute_chunk(const uint8_t* stage, int warp, int lane, Accumulators<T>& acc) {
   const uint8_t* s_codes = stage;
@@ -164,7 +191,7 @@ __device__ __forceinline__ void compute_chunk(const uint8_t* stage, int warp, in
     BlockMultipliers mult[T::kMTiles];
 #pragma unroll
     for (int i = 0; i < T::kMTiles; ++i)
-      load_block_fragments(s_codes, s_scales, (warp * T::kMTiles + i) * T::kChunkBlocks + kb, lane, code[i], mult[i]);
+      load_block_fragments(s_codes, s_scales, stage_block<T>(warp * T::kMTiles + i, kb), lane, code[i], mult[i]);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       uint32_t bfrag[T::kNT][2];
@@ -432,9 +459,11 @@ void configure() {
     K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
 }
 
-// The CTA shapes launched: 4 warps x 4 m-tiles for every token tile, and 8 warps x 2 m-tiles for
-// 32-token tiles at prefill (the same weight rows and shared memory per CTA, twice the warps).
+// The CTA shapes launched: 4 warps x 4 m-tiles for every token tile, 8 warps x 2 m-tiles for
+// 32-token tiles at prefill (the same weight rows and shared memory per CTA, twice the warps), and
+// 4 warps x 2 m-tiles (128-row units) for 8-token tiles.
 using Tile8 = Tile<1, 4>;
+using Tile8Half = Tile<1, 4, 2>;
 using Tile16 = Tile<2, 4>;
 using Tile24 = Tile<3, 4>;
 using Tile32 = Tile<4, 4>;
@@ -443,7 +472,9 @@ using Tile32Wide = Tile<4, 8>;
 template <Epilogue kEpi>
 void launch_tile(TokenTile tile, int warps, const ExpertGemmArgs& a, const GemmOutput& out, cudaStream_t stream) {
   switch (tile) {
-    case TokenTile::T8: return launch<Tile8, kEpi>(a, out, stream);
+    case TokenTile::T8:
+      if (a.unit_rows == Tile8Half::kRowsPerCta) return launch<Tile8Half, kEpi>(a, out, stream);
+      return launch<Tile8, kEpi>(a, out, stream);
     case TokenTile::T16: return launch<Tile16, kEpi>(a, out, stream);
     case TokenTile::T24: return launch<Tile24, kEpi>(a, out, stream);
     case TokenTile::T32:
@@ -458,6 +489,7 @@ void launch_tile(TokenTile tile, int warps, const ExpertGemmArgs& a, const GemmO
 
 void configure_expert_gemm_kernels() {
   configure<Tile8>();
+  configure<Tile8Half>();
   configure<Tile16>();
   configure<Tile24>();
   configure<Tile32>();
@@ -465,15 +497,21 @@ void configure_expert_gemm_kernels() {
   configure_expert_gemm_wgmma_kernels();
 }
 
-// Every unit must stream >= 1 chunk of its K range.
-void check_splits(const ExpertGemmArgs& args, const char* gemm) {
-  K3MOE_CHECK(args.splits >= 1 && args.splits <= args.K / kGemmChunkK, gemm, ": K = ", args.K, " splits into 1..",
-              args.K / kGemmChunkK, " ranges of ", kGemmChunkK, ", got ", args.splits);
+// Every unit must stream >= 1 chunk of its K range; 128-row units run 8-token tiles over chunks
+// of 256 of K.
+void check_units(const ExpertGemmArgs& args, TokenTile tile, const char* gemm) {
+  K3MOE_CHECK(args.unit_rows == kGemmRowsPerCta || (args.unit_rows == kGemmHalfUnitRows && tile == TokenTile::T8), gemm,
+              ": units of ", args.unit_rows, " rows; 256 rows take every token tile, 128 only 8 tokens");
+  const int chunk_k = unit_chunk_k(args.unit_rows);
+  K3MOE_CHECK(args.K % chunk_k == 0, gemm, ": units of ", args.unit_rows, " rows stream K in chunks of ", chunk_k,
+              ", K = ", args.K, " is not a multiple");
+  K3MOE_CHECK(args.splits >= 1 && args.splits <= args.K / chunk_k, gemm, ": K = ", args.K, " splits into 1..",
+              args.K / chunk_k, " ranges of ", chunk_k, ", got ", args.splits);
 }
 
 void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
                          cudaStream_t stream) {
-  check_splits(args, "GEMM1");
+  check_units(args, tile, "GEMM1");
   if (args.num_local == 0) return;
   if (args.splits == 1) launch_tile<Epilogue::Activation>(tile, warps, args, out, stream);
   else launch_tile<Epilogue::GateUpRows>(tile, warps, args, out, stream);
@@ -481,7 +519,7 @@ void launch_expert_gemm1(const ExpertGemmArgs& args, const GemmOutput& out, Toke
 
 void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, TokenTile tile, int warps,
                          cudaStream_t stream) {
-  check_splits(args, "GEMM2");
+  check_units(args, tile, "GEMM2");
   if (args.num_local == 0) return;
   launch_tile<Epilogue::Rows>(tile, warps, args, out, stream);
 }
@@ -496,14 +534,19 @@ int gemm_ctas_per_sm(TokenTile tile) {
   }
 }
 
-cudaFuncAttributes expert_gemm1_split_attributes(TokenTile tile, size_t* dynamic_smem) {
+cudaFuncAttributes expert_gemm1_split_attributes(TokenTile tile, int unit_rows, size_t* dynamic_smem) {
   cudaFuncAttributes attributes{};
   const auto get = [&](auto kernel, int smem) {
     K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
     *dynamic_smem = size_t(smem);
   };
   switch (tile) {
-    case TokenTile::T8: get(expert_gemm_kernel<Tile8, Epilogue::GateUpRows>, Tile8::kSmemBytes); break;
+    case TokenTile::T8:
+      if (unit_rows == Tile8Half::kRowsPerCta)
+        get(expert_gemm_kernel<Tile8Half, Epilogue::GateUpRows>, Tile8Half::kSmemBytes);
+      else
+        get(expert_gemm_kernel<Tile8, Epilogue::GateUpRows>, Tile8::kSmemBytes);
+      break;
     case TokenTile::T16: get(expert_gemm_kernel<Tile16, Epilogue::GateUpRows>, Tile16::kSmemBytes); break;
     case TokenTile::T24: get(expert_gemm_kernel<Tile24, Epilogue::GateUpRows>, Tile24::kSmemBytes); break;
     case TokenTile::T32: get(expert_gemm_kernel<Tile32, Epilogue::GateUpRows>, Tile32::kSmemBytes); break;

@@ -32,17 +32,20 @@ struct ExpertGemmArgs {
   const int32_t* row_token = nullptr;      // GEMM1: row -> token of x; GEMM2: nullptr (row itself)
   // The schedule, written by the permutation for this token tile (permute.cuh): {local expert,
   // first row, rows, 0} per token tile; the wgmma GEMM1 counts its stores of the tile in the fourth
-  // field (gemm1_stores_per_tile). The units are (token tile, 256-row block, K split), token tile
-  // fastest on mma.sync; on wgmma (K whole) a tile's 256-row blocks are consecutive units.
+  // field (gemm1_stores_per_tile). The units are (token tile, block of unit_rows weight rows, K
+  // split), token tile fastest on mma.sync; on wgmma (K whole) a tile's 256-row blocks are consecutive units.
   int4* tile_info = nullptr;
   const int32_t* num_tiles = nullptr;  // [1]
   int* unit_counter = nullptr;         // zero before the launch; CTAs take units from it
   int num_local = 0;
   int N = 0;  // output rows of W (GEMM1: 2I, GEMM2: H)
   int K = 0;
-  int splits = 1;  // K ranges; 1 <= splits <= K / 128
+  int splits = 1;  // K ranges; 1 <= splits <= K / unit_chunk_k(unit_rows)
   int sm_count = 0;
   int64_t act_rows = 0;  // the rows act holds (T; the intermediate's capacity)
+  // Weight rows per unit: 256, or 128 with 8-token tiles (streamed in chunks of 256 of K, so K
+  // must be a multiple of 256).
+  int unit_rows = 256;
   // Each weight feeds one unit only (every expert's rows fit one token tile): the wgmma kernel then
   // streams the weights with an L2 evict_first policy, as the mma.sync kernels always do.
   bool weights_once = false;
@@ -82,14 +85,17 @@ void launch_expert_gemm_wgmma(const ExpertGemmArgs& args, const GemmOutput& out,
 // Resident CTAs per SM of a launch (the persistent grid is sm_count times this).
 int gemm_ctas_per_sm(TokenTile tile);
 // The resources of the mma.sync GEMM1 kernel with K split (partial rows) for `tile` (T8 .. T32,
-// 4 warps), and its dynamic shared memory per CTA.
-cudaFuncAttributes expert_gemm1_split_attributes(TokenTile tile, size_t* dynamic_smem);
+// 4 warps; units of `unit_rows`), and its dynamic shared memory per CTA.
+cudaFuncAttributes expert_gemm1_split_attributes(TokenTile tile, int unit_rows, size_t* dynamic_smem);
 
 // The row-count granularity the kernels need: N a multiple of 16, K of 128.
 inline constexpr int kGemmKMultiple = 128;
 inline constexpr int kGemmNMultiple = 16;
 inline constexpr int kGemmChunkK = 128;
 inline constexpr int kGemmRowsPerCta = 256;
+inline constexpr int kGemmHalfUnitRows = 128;
+// The K a pipeline stage holds for units of `unit_rows` weight rows (the same bytes either way).
+constexpr int unit_chunk_k(int unit_rows) { return unit_rows == kGemmHalfUnitRows ? 2 * kGemmChunkK : kGemmChunkK; }
 // The wgmma kernels address activation rows by 32-bit offsets in 16-byte pieces (one value marks
 // an absent row): a forward's rows (T top_k at GEMM2) times K / 8 must stay below 2^32 - 1.
 inline int64_t max_gemm_tokens(int top_k, int hidden, int intermediate) {

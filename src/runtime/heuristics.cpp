@@ -145,9 +145,24 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   // when GEMM1 splits K, from one wave (local28 T = 8's (2, 2) above against (2, 3) 137.8-138.5 /
   // 138.7-139.0 with GEMM2 behind the activation stage; (2, 2) still best with GEMM2 released in
   // GEMM1's tail, Session 16).
-  k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
-                                 c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25,
-                                 k.gemm1_splits > 1 ? 1.0 : 2.0);
+  const double units2 = tiles * std::ceil(double(c.hidden) / rows_per_cta);
+  k.gemm2_splits = choose_splits(units2, c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits,
+                                 0.25, k.gemm1_splits > 1 ? 1.0 : 2.0);
+  // NOTE: 128-row units (8-token tiles; K a multiple of 256, streamed in chunks of 256) at the K
+  // ranges chosen above: twice the units, each half as long. GEMM1 from a wave of 256-row units
+  // on; GEMM2 below a quarter wave. Measured on one H100 in one run, 256 -> 128 rows, a16 / mxfp8
+  // us: GEMM1 local28 T = 8 181.3 / 181.7 -> 175.1 / 175.8, ep16 T = 256 349.7 / 350.0 -> 336.6 /
+  // 337.2, ep32 T = 64 116.0 -> 115.4 / 115.3, local28 T = 1 (0.97 waves) 103.8 / 104.1 -> 103.5 /
+  // 104.3, ep32 T = 8 40.0 / 40.4 -> 40.8 / 40.6; both GEMMs: ep32 T = 8 -> 39.0 / 39.3, but against
+  // GEMM1's alone local28 T = 1 and T = 8 +1..+2 us, ep32 T = 64 and ep16 T = 256 within 1 us
+  // (bench/NOTES.md, Session 53).
+  if (k.token_tile == kernels::TokenTile::T8) {
+    const int half = kernels::kGemmHalfUnitRows;
+    if (c.hidden % kernels::unit_chunk_k(half) == 0 && units1 >= target) k.gemm1_unit_rows = half;
+    if (c.intermediate % kernels::unit_chunk_k(half) == 0 && units2 < 0.25 * target) k.gemm2_unit_rows = half;
+    k.gemm1_splits = std::min(k.gemm1_splits, c.hidden / kernels::unit_chunk_k(k.gemm1_unit_rows));
+    k.gemm2_splits = std::min(k.gemm2_splits, c.intermediate / kernels::unit_chunk_k(k.gemm2_unit_rows));
+  }
   return k;
 }
 
@@ -167,9 +182,11 @@ std::string KernelChoice::describe() const {
     return buf;
   }
   std::snprintf(buf, sizeof buf,
-                "expert GEMMs: mma.sync bf16 m16n8k16, persistent CTAs of %d warps over units of 256 weight "
-                "rows x %d tokens; K split %d (GEMM1) and %d (GEMM2)%s (expected %.1f active experts, %.1f rows each)",
-                gemm1_warps, kernels::tile_tokens(token_tile), gemm1_splits, gemm2_splits,
+                "expert GEMMs: mma.sync bf16 m16n8k16, persistent CTAs of %d warps over units of %d (GEMM1) and %d "
+                "(GEMM2) weight rows x %d tokens; K split %d (GEMM1) and %d (GEMM2)%s (expected %.1f active experts, "
+                "%.1f rows each)",
+                gemm1_warps, gemm1_unit_rows, gemm2_unit_rows, kernels::tile_tokens(token_tile), gemm1_splits,
+                gemm2_splits,
                 activation_beside_gemm1 ? ", GEMM2 released in GEMM1's tail" : "", expected_active_experts,
                 expected_rows_per_expert);
   return buf;
@@ -178,7 +195,20 @@ std::string KernelChoice::describe() const {
 KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, int sm_count) {
   KernelChoice k = choose_kernels(o.config, o.ep, int(tokens), sm_count, o.gemm_kernel, o.token_tile);
   if (kernels::tile_uses_wgmma(k.token_tile)) return k;
-  const int chunks1 = o.config.hidden / kernels::kGemmChunkK, chunks2 = o.config.intermediate / kernels::kGemmChunkK;
+  // 128-row units where the tile and K allow them.
+  const auto unit_rows = [&](int forced, int chosen, int K) {
+    if (forced == 0) return chosen;
+    return forced == kernels::kGemmHalfUnitRows && k.token_tile == kernels::TokenTile::T8 &&
+                   K % kernels::unit_chunk_k(forced) == 0
+               ? forced
+               : kernels::kGemmRowsPerCta;
+  };
+  k.gemm1_unit_rows = unit_rows(o.gemm1_unit_rows, k.gemm1_unit_rows, o.config.hidden);
+  k.gemm2_unit_rows = unit_rows(o.gemm2_unit_rows, k.gemm2_unit_rows, o.config.intermediate);
+  const int chunks1 = o.config.hidden / kernels::unit_chunk_k(k.gemm1_unit_rows);
+  const int chunks2 = o.config.intermediate / kernels::unit_chunk_k(k.gemm2_unit_rows);
+  k.gemm1_splits = std::min(k.gemm1_splits, chunks1);
+  k.gemm2_splits = std::min(k.gemm2_splits, chunks2);
   if (o.gemm1_splits > 0) k.gemm1_splits = std::min({o.gemm1_splits, chunks1, kernels::kMaxActivationSplits});
   if (o.gemm2_splits > 0) k.gemm2_splits = std::min({o.gemm2_splits, chunks2, kernels::kMaxCombineSplits});
   return k;

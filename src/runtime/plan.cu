@@ -122,6 +122,9 @@ MoePlan MoePlan::create(const PlanOptions& o) {
               c.hidden, ", I ", c.intermediate, " (32-bit row offsets), got ", o.max_tokens);
   K3MOE_CHECK(o.gemm1_splits >= 0 && o.gemm2_splits >= 0, "gemm splits must be >= 0 (0: automatic), got ",
               o.gemm1_splits, " and ", o.gemm2_splits);
+  for (const int rows : {o.gemm1_unit_rows, o.gemm2_unit_rows})
+    K3MOE_CHECK(rows == 0 || rows == kernels::kGemmHalfUnitRows || rows == kernels::kGemmRowsPerCta,
+                "gemm unit rows must be 0 (automatic), 128 or 256, got ", rows);
   if (o.token_tile != 0) choose_kernels(o.config, o.ep, 1, 1, o.gemm_kernel, o.token_tile);  // a clear error if unknown
   K3MOE_CHECK(c.hidden % kernels::kGemmKMultiple == 0 && c.intermediate % kernels::kGemmKMultiple == 0,
               "the expert GEMMs need H and I to be multiples of ", kernels::kGemmKMultiple, ", got H = ", c.hidden,
@@ -241,6 +244,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token, ws.tile_info, ws.num_tiles,
                              ws.unit_counters, p.num_local, 2 * c.intermediate, c.hidden, choice.gemm1_splits, p.sm_count};
   g1.act_rows = T;
+  g1.unit_rows = choice.gemm1_unit_rows;
   g1.weights_once = choice.weights_once;
   g1.times = times(ForwardStage::Gemm1);
   kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
@@ -265,6 +269,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   g2.N = c.hidden;
   g2.K = c.intermediate;
   g2.splits = choice.gemm2_splits;
+  g2.unit_rows = choice.gemm2_unit_rows;
   g2.times = times(ForwardStage::Gemm2);
   kernels::GemmOutput out2;
   out2.rows = ws.y;

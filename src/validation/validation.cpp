@@ -268,6 +268,7 @@ Tolerance tolerance(Mode mode) {
 PlanOptions plan_options(const Case& c) {
   PlanOptions options{c.config, std::max(1, c.tokens), c.mode, c.activation, c.config.activation_params, c.ep, 0};
   options.gemm1_splits = options.gemm2_splits = c.splits;
+  options.gemm1_unit_rows = options.gemm2_unit_rows = c.unit_rows;
   options.gemm_kernel = c.kernel;
   return options;
 }
@@ -348,6 +349,24 @@ std::vector<Case> matrix(bool quick) {
   for (Mode mode : modes)
     for (int T : quick ? std::vector<int>{64} : std::vector<int>{1, 64, 1024})
       add("ep32-896", ep32_896_config(), {32, 7}, mode, Activation::Situ, T, RoutingKind::Logits);
+  // 128-row units on 8-token tiles: in the reduced shape GEMM2's (its last row group is half
+  // one; GEMM1's K = 384 keeps 256-row units), in ep32-896 both GEMMs', K whole and GEMM1 split in
+  // two; in Kimi-K3's both, as at local28 T = 8.
+  for (Mode mode : modes) {
+    for (int T : quick ? std::vector<int>{17} : std::vector<int>{1, 17}) {
+      add("reduced", reduced, {1, 0}, mode, Activation::Situ, T, RoutingKind::Logits);
+      cases.back().unit_rows = 128;
+    }
+    for (int splits : {1, 2}) {
+      add("ep32-896", ep32_896_config(), {32, 7}, mode, Activation::Situ, 300, RoutingKind::Logits);
+      cases.back().unit_rows = 128;
+      cases.back().splits = splits;
+    }
+    if (!quick) {
+      add("k3-local28", k3_local28_config(), {1, 0}, mode, Activation::Situ, 8, RoutingKind::Logits);
+      cases.back().unit_rows = 128;
+    }
+  }
 
   for (Mode mode : modes)
     for (Poison poison : {Poison::NanX, Poison::InfX, Poison::NanWeightScale, Poison::ExtremeScales})
@@ -486,7 +505,7 @@ std::string result_line(const Result& r) {
   const Case& c = r.spec;
   char ep[24], buf[512];
   std::snprintf(ep, sizeof ep, "%d/%d%s", c.ep.rank, c.ep.size,
-                c.splits ? " ks" : c.kernel == GemmKernel::Wgmma ? " wg" : "");
+                c.unit_rows ? " u128" : c.splits ? " ks" : c.kernel == GemmKernel::Wgmma ? " wg" : "");
   std::snprintf(buf, sizeof buf, "%-11s %-6s %-10s %5d %-13s %-8s %-10s %4d %10.2e %10.7f %10.2e %10.7f %5s %5s  %s%s",
                 c.shape.c_str(), std::string(to_string(c.mode)).c_str(), std::string(to_string(c.activation)).c_str(),
                 c.tokens, routing_name(c.routing).c_str(), ep, poison_name(c.poison).c_str(), r.experts_hit,
@@ -514,6 +533,7 @@ std::string results_json(const std::vector<Result>& results, const std::string& 
                     {"ep_rank", c.ep.rank},
                     {"poison", poison_name(c.poison)},
                     {"forced_splits", c.splits},
+                    {"forced_unit_rows", c.unit_rows},
                     {"forced_kernel", c.kernel == GemmKernel::Wgmma ? "wgmma" : "auto"},
                     {"experts_hit", r.experts_hit},
                     {"rel_l2_vs_emulate", r.vs_emulate.rel_l2},

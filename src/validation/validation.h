@@ -40,6 +40,7 @@ struct Case {
   Poison poison = Poison::None;
   bool ep_sum_check = false;  // also run every rank of ep.size: their outputs must sum to rank-1's
   int splits = 0;             // > 0: force this K split on both GEMMs (PlanOptions::gemm*_splits)
+  int unit_rows = 0;          // > 0: force the weight rows per unit on both GEMMs (PlanOptions::gemm*_unit_rows)
   GemmKernel kernel = GemmKernel::Auto;  // Wgmma: force the wgmma kernel (its tile by the rows)
   uint64_t seed = 1;
 };

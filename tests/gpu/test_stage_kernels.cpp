@@ -181,8 +181,8 @@ TEST(DequantizeMxfp8Kernel, EveryCodeTimesEveryKindOfScaleEqualsTheHost) {
 
 // KernelChoice::activation_beside_gemm1 lets GEMM2 start in GEMM1's tail only if the activation's
 // CTAs (activation_ctas_beside_gemm1: 2 of the 2-split kernel, 1 of the other) are resident next to
-// the three CTAs of the 8-token GEMM1 on every SM (registers are allocated per warp, in steps of 8
-// per thread; shared memory with a reserve per CTA); a kernel change that grows either kernel past
+// the three CTAs of the 8-token GEMM1 (either unit size) on every SM (registers are allocated per
+// warp, in steps of 8 per thread; shared memory with a reserve per CTA); a kernel change that grows either kernel past
 // that would keep the results and silently lose the overlap (heuristics.cpp). The arithmetic only:
 // the carveout the driver configures can leave less shared memory (bench/NOTES.md, Session 16
 // Step 5).
@@ -197,24 +197,27 @@ TEST(ActivationStage, ItsCtasFitBesideThreeEightTokenGemm1Ctas) {
   const auto cta_registers = [](const cudaFuncAttributes& a, int cta_threads) {
     return (cta_threads + 31) / 32 * 32 * ((a.numRegs + 7) / 8 * 8);
   };
-  size_t gemm_dynamic = 0;
-  const cudaFuncAttributes gemm = kernels::expert_gemm1_split_attributes(kernels::TokenTile::T8, &gemm_dynamic);
   const int gemm_ctas = kernels::gemm_ctas_per_sm(kernels::TokenTile::T8);
   ASSERT_EQ(gemm_ctas, 3);
   const int act_threads = 256;
-  for (const int splits : {2, kernels::kMaxActivationSplits}) {
-    const cudaFuncAttributes act = kernels::activation_kernel_attributes(splits);
-    const int act_ctas = kernels::activation_ctas_beside_gemm1(splits);
-    EXPECT_LE(gemm_ctas * cta_registers(gemm, gemm.maxThreadsPerBlock) + act_ctas * cta_registers(act, act_threads),
-              registers)
-        << splits << " splits: GEMM1 " << gemm.numRegs << " registers x " << gemm.maxThreadsPerBlock
-        << " threads, " << act_ctas << " activation CTAs of " << act.numRegs << " x " << act_threads;
-    EXPECT_LE(gemm_ctas * gemm.maxThreadsPerBlock + act_ctas * act_threads, threads) << splits << " splits";
-    const size_t gemm_smem = gemm_ctas * (gemm_dynamic + gemm.sharedSizeBytes + reserved);
-    EXPECT_LE(gemm_smem + act_ctas * (act.sharedSizeBytes + reserved), size_t(smem))
-        << splits << " splits: GEMM1 " << gemm_dynamic + gemm.sharedSizeBytes << " bytes, activation "
-        << act.sharedSizeBytes;
-  }
+  for (const int unit_rows : {kernels::kGemmRowsPerCta, kernels::kGemmHalfUnitRows})
+    for (const int splits : {2, kernels::kMaxActivationSplits}) {
+      SCOPED_TRACE(::testing::Message() << "units of " << unit_rows << " rows");
+      size_t gemm_dynamic = 0;
+      const cudaFuncAttributes gemm =
+          kernels::expert_gemm1_split_attributes(kernels::TokenTile::T8, unit_rows, &gemm_dynamic);
+      const cudaFuncAttributes act = kernels::activation_kernel_attributes(splits);
+      const int act_ctas = kernels::activation_ctas_beside_gemm1(splits);
+      EXPECT_LE(gemm_ctas * cta_registers(gemm, gemm.maxThreadsPerBlock) + act_ctas * cta_registers(act, act_threads),
+                registers)
+          << splits << " splits: GEMM1 " << gemm.numRegs << " registers x " << gemm.maxThreadsPerBlock
+          << " threads, " << act_ctas << " activation CTAs of " << act.numRegs << " x " << act_threads;
+      EXPECT_LE(gemm_ctas * gemm.maxThreadsPerBlock + act_ctas * act_threads, threads) << splits << " splits";
+      const size_t gemm_smem = gemm_ctas * (gemm_dynamic + gemm.sharedSizeBytes + reserved);
+      EXPECT_LE(gemm_smem + act_ctas * (act.sharedSizeBytes + reserved), size_t(smem))
+          << splits << " splits: GEMM1 " << gemm_dynamic + gemm.sharedSizeBytes << " bytes, activation "
+          << act.sharedSizeBytes;
+    }
 }
 
 // The stage indexes its items in 32 bits; more rows than that hold are refused before any launch.
