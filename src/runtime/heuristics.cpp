@@ -145,23 +145,20 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   // when GEMM1 splits K, from one wave (local28 T = 8's (2, 2) above against (2, 3) 137.8-138.5 /
   // 138.7-139.0 with GEMM2 behind the activation stage; (2, 2) still best with GEMM2 released in
   // GEMM1's tail, Session 16).
-  const double units2 = tiles * std::ceil(double(c.hidden) / rows_per_cta);
-  k.gemm2_splits = choose_splits(units2, c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits,
-                                 0.25, k.gemm1_splits > 1 ? 1.0 : 2.0);
-  // NOTE: 128-row units (8-token tiles; K a multiple of 256, streamed in chunks of 256) at the K
-  // ranges chosen above: twice the units, each half as long. GEMM1 from a wave of 256-row units
-  // on; GEMM2 below a quarter wave. Measured on one H100 in one run, 256 -> 128 rows, a16 / mxfp8
-  // us: GEMM1 local28 T = 8 181.3 / 181.7 -> 175.1 / 175.8, ep16 T = 256 349.7 / 350.0 -> 336.6 /
-  // 337.2, ep32 T = 64 116.0 -> 115.4 / 115.3, local28 T = 1 (0.97 waves) 103.8 / 104.1 -> 103.5 /
-  // 104.3, ep32 T = 8 40.0 / 40.4 -> 40.8 / 40.6; both GEMMs: ep32 T = 8 -> 39.0 / 39.3, but against
-  // GEMM1's alone local28 T = 1 and T = 8 +1..+2 us, ep32 T = 64 and ep16 T = 256 within 1 us
-  // (bench/NOTES.md, Session 53).
-  if (k.token_tile == kernels::TokenTile::T8) {
-    const int half = kernels::kGemmHalfUnitRows;
-    if (c.hidden % kernels::unit_chunk_k(half) == 0 && units1 >= target) k.gemm1_unit_rows = half;
-    if (c.intermediate % kernels::unit_chunk_k(half) == 0 && units2 < 0.25 * target) k.gemm2_unit_rows = half;
+  k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
+                                 c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25,
+                                 k.gemm1_splits > 1 ? 1.0 : 2.0);
+  // NOTE: GEMM1 on 128-row units (8-token tiles; K a multiple of 256, streamed in chunks of 256) at
+  // the K ranges chosen above, from a wave of 256-row units on: twice the units, each half as long.
+  // Measured on one H100 in one run, 256 -> 128 rows, a16 / mxfp8 us: local28 T = 8 181.3 / 181.7
+  // -> 175.1 / 175.8, ep16 T = 256 349.7 / 350.0 -> 336.6 / 337.2, ep32 T = 64 116.0 -> 115.4 /
+  // 115.3; below a wave local28 T = 1 (0.97 waves) 103.8 / 104.1 -> 103.5 / 104.3 and ep32 T = 8
+  // 40.0 / 40.4 -> 40.8 / 40.6. GEMM2 on 128-row units gained nowhere alone (bench/NOTES.md,
+  // Session 53).
+  if (k.token_tile == kernels::TokenTile::T8 && c.hidden % kernels::unit_chunk_k(kernels::kGemmHalfUnitRows) == 0 &&
+      units1 >= target) {
+    k.gemm1_unit_rows = kernels::kGemmHalfUnitRows;
     k.gemm1_splits = std::min(k.gemm1_splits, c.hidden / kernels::unit_chunk_k(k.gemm1_unit_rows));
-    k.gemm2_splits = std::min(k.gemm2_splits, c.intermediate / kernels::unit_chunk_k(k.gemm2_unit_rows));
   }
   return k;
 }
