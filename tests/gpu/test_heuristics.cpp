@@ -132,8 +132,8 @@ TEST(Heuristics, ForcedTileMustBeOneTheKernelsHave) {
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::Auto, 24).token_tile, kernels::TokenTile::T24);
 }
 
-// 128-row units where measured faster (heuristics.cpp): GEMM1's from a wave of 256-row units on,
-// with 8-token tiles and H a multiple of 256; GEMM2's never.
+// 128-row units where measured faster (heuristics.cpp), with 8-token tiles and K a multiple of
+// 256: GEMM1's from a wave of 256-row units on, both GEMMs' below a quarter wave.
 TEST(Heuristics, HalfUnitsWhereTheyWereMeasuredFaster) {
   const MoeConfig k3 = MoeConfig::kimi_k3();
   MoeConfig local28 = k3;  // the bench's local28: top-16 among 28 experts
@@ -142,16 +142,20 @@ TEST(Heuristics, HalfUnitsWhereTheyWereMeasuredFaster) {
     const KernelChoice k = choose_kernels(c, ep, T, 132);
     return std::pair{k.gemm1_unit_rows, k.gemm2_unit_rows};
   };
-  EXPECT_EQ(rows(k3, {32, 0}, 1), std::pair(256, 256));
+  EXPECT_EQ(rows(k3, {32, 0}, 1), std::pair(128, 128)) << "ep32 T = 1: under a quarter wave";
   EXPECT_EQ(rows(local28, {1, 0}, 1), std::pair(256, 256)) << "384 GEMM1 units on 396 CTAs";
   EXPECT_EQ(rows(local28, {1, 0}, 8), std::pair(128, 256));
-  EXPECT_EQ(rows(k3, {32, 0}, 8), std::pair(256, 256));
+  EXPECT_EQ(rows(k3, {32, 0}, 8), std::pair(128, 128));
+  EXPECT_EQ(rows(k3, {32, 0}, 16), std::pair(256, 256)) << "between a quarter wave and a wave";
   EXPECT_EQ(rows(k3, {32, 0}, 64), std::pair(128, 256));
   EXPECT_EQ(rows(k3, {16, 0}, 256), std::pair(128, 256));
   EXPECT_EQ(rows(local28, {1, 0}, 32), std::pair(256, 256)) << "24-token tiles";
   MoeConfig narrow = k3;
   narrow.hidden = 3584 + 128;
   EXPECT_EQ(choose_kernels(narrow, {32, 0}, 64, 132).gemm1_unit_rows, 256) << "H % 256 != 0";
+  narrow = k3;
+  narrow.intermediate = 3072 + 128;
+  EXPECT_EQ(rows(narrow, {32, 0}, 8), std::pair(128, 256)) << "I % 256 != 0";
 }
 
 // The activation stage drops its partial sums from L2 once read, except beside GEMM1
