@@ -198,6 +198,7 @@ int BaselineForward::add_input_set(const uint16_t* x, const std::vector<int32_t>
   auto upload = [](const auto& host) {
     DeviceBuffer b(std::max<int64_t>(16, int64_t(host.size() * sizeof(host[0]))));
     if (!host.empty()) K3MOE_CUDA_CHECK(cudaMemcpy(b.get(), host.data(), host.size() * sizeof(host[0]), cudaMemcpyHostToDevice));
+    K3MOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // landed before the baseline's non-blocking stream reads it
     return b;
   };
   s->row_token = upload(row_token);

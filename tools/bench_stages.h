@@ -24,7 +24,7 @@ using StageSpans = std::vector<StageSpan>;  // by ForwardStage
 // `replay(i)` enqueues the i-th replay of a graph captured with stage_times = records.get().
 template <class Replay>
 StageSpans measure_stage_spans(cudaStream_t stream, const DeviceBuffer& records, int repeats, Replay&& replay) {
-  K3MOE_CUDA_CHECK(cudaMemset(records.get(), 0, kForwardStages * sizeof(StageTimes)));
+  K3MOE_CUDA_CHECK(cudaMemsetAsync(records.get(), 0, kForwardStages * sizeof(StageTimes), stream));
   std::vector<std::vector<double>> start(kForwardStages), wait(kForwardStages), end(kForwardStages);
   std::vector<StageTimes> t(kForwardStages);
   for (int i = 0; i < repeats; ++i) {

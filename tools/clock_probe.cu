@@ -30,6 +30,7 @@ __global__ void count_sm_clock(float* slots, int slot) {
 ClockProbe::ClockProbe(int capacity) : capacity_(capacity) {
   K3MOE_CUDA_CHECK(cudaMalloc(&slots_, sizeof(float) * capacity));
   K3MOE_CUDA_CHECK(cudaMemset(slots_, 0, sizeof(float) * capacity));
+  K3MOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // before probes on other (non-blocking) streams
 }
 
 ClockProbe::~ClockProbe() { cudaFree(slots_); }

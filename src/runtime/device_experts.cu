@@ -167,6 +167,9 @@ DeviceExperts DeviceExperts::upload(const RankExperts& experts, int device) {
     *pointers[i] = dst;
     offset += (int64_t(parts[i]->size()) + 255) / 256 * 256;
   }
+  // A copy from pageable memory returns before its last DMA lands, on the default stream, which a
+  // forward on a non-blocking stream does not wait for: the upload is synchronous only with this.
+  K3MOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   return DeviceExperts(std::move(impl));
 }
 

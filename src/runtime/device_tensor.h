@@ -38,14 +38,25 @@ class DeviceTensor {
     return n;
   }
   int64_t bytes() const { return numel() * dtype_.bits / 8; }
-  void upload(const void* host) { K3MOE_CUDA_CHECK(cudaMemcpy(buffer_.get(), host, bytes(), cudaMemcpyHostToDevice)); }
+  // upload and fill_bytes return once the device holds the bytes. cudaMemcpy from pageable memory
+  // returns before its last DMA lands and cudaMemset before it runs, both on the default stream,
+  // which does not order the non-blocking streams a forward runs on: without the synchronize, a
+  // forward enqueued next can read the old bytes (seen as a graph-check failure of the validation
+  // matrix, bench/NOTES.md, Session 53).
+  void upload(const void* host) {
+    K3MOE_CUDA_CHECK(cudaMemcpy(buffer_.get(), host, bytes(), cudaMemcpyHostToDevice));
+    K3MOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
   template <class T>
   std::vector<T> download() const {
     std::vector<T> host(bytes() / sizeof(T));
     K3MOE_CUDA_CHECK(cudaMemcpy(host.data(), buffer_.get(), bytes(), cudaMemcpyDeviceToHost));
     return host;
   }
-  void fill_bytes(uint8_t value) { K3MOE_CUDA_CHECK(cudaMemset(buffer_.get(), value, bytes())); }
+  void fill_bytes(uint8_t value) {
+    K3MOE_CUDA_CHECK(cudaMemset(buffer_.get(), value, bytes()));
+    K3MOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
   void* data() const { return buffer_.get(); }
 
   // A view valid while this object lives and is not moved.

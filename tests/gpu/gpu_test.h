@@ -34,6 +34,7 @@ template <class T>
 DeviceBuffer to_device(const std::vector<T>& host) {
   DeviceBuffer buffer(int64_t(host.size() * sizeof(T)));
   K3MOE_CUDA_CHECK(cudaMemcpy(buffer.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  K3MOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // the last DMA lands after cudaMemcpy returns
   return buffer;
 }
 

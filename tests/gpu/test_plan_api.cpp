@@ -249,7 +249,8 @@ TEST(MoePlan, StageTimesFollowTheLaunchChain) {
   const MoeConfig c = small_config();
   const DeviceExperts experts = DeviceExperts::upload(small_experts(), 0);
   PlanOptions options{c, 16, Mode::Mxfp8, Activation::Situ, c.activation_params, {1, 0}, 0};
-  options.gemm1_splits = 2;  // so the activation stage runs
+  options.gemm1_splits = 2;  // so the activation stage runs (K = 256: two ranges of 256-row units)
+  options.gemm1_unit_rows = kernels::kGemmRowsPerCta;
   const MoePlan plan = MoePlan::create(options);
   const int T = 8;
   std::vector<uint16_t> x(size_t(T) * c.hidden);
@@ -269,6 +270,7 @@ TEST(MoePlan, StageTimesFollowTheLaunchChain) {
   DeviceTensor out({T, c.hidden}, kBf16, 0);
   DeviceBuffer records(kForwardStages * int64_t(sizeof(StageTimes)));
   K3MOE_CUDA_CHECK(cudaMemset(records.get(), 0, size_t(records.bytes())));
+  K3MOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // the forward runs on a non-blocking stream
   ForwardArgs a;
   a.x = x_d.dl();
   a.topk_ids = ids_d.dl();

@@ -94,7 +94,8 @@ TEST(UnitRows, EagerAndReplaysAgreeAcrossCalls) {
   Inputs in(c, T, 5, true);
   const auto use = [&](int set) {
     for (auto [to, from] : {std::pair{&in.x, &sets[set].x}, std::pair{&in.logits, &sets[set].logits}})
-      K3MOE_CUDA_CHECK(cudaMemcpy(to->data(), from->data(), size_t(to->bytes()), cudaMemcpyDeviceToDevice));
+      K3MOE_CUDA_CHECK(
+          cudaMemcpyAsync(to->data(), from->data(), size_t(to->bytes()), cudaMemcpyDeviceToDevice, stream));
   };
   for (Mode mode : {Mode::A16, Mode::Mxfp8})
     for (int rows : {256, 128})
