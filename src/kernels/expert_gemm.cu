@@ -6,10 +6,10 @@
 // and one range of K; persistent CTAs take units from a counter and stream K in chunks of 128
 // through one pipeline of 3 to 8 stages that runs across units. With 8-token tiles a unit can
 // also be 128 rows (4 warps x 2 m-tiles, half a layout row group) streamed in chunks of 256 of K:
-// the same bytes per stage, twice the units, so K can stay whole where 256-row units would need
-// K ranges to fill the SMs. A producer warp fills each stage:
-// the weight blocks (already in fragment order, expert_layout.cuh) and their scales by two bulk
-// copies, the token rows (gathered by token id for GEMM1) by cp.async, all completing on the
+// the same weight bytes per stage, twice the units of half the length, so the end of the stream
+// balances over finer pieces. A producer warp fills each stage:
+// the weight blocks (already in fragment order, expert_layout.cuh) and their scales by bulk
+// copies (two per layout run), the token rows (gathered by token id for GEMM1) by cp.async, all completing on the
 // stage's full barrier; the consumer warps release it on its empty barrier, each at its own pace.
 // Each consumer lane widens its own codes to bf16 in registers with the E8M0 scale folded in by
 // one bf16 multiply (exact: a power of two times an E2M1 value), then issues the mma.

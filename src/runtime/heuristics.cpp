@@ -163,6 +163,7 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
     if (few_units && c.intermediate % kernels::unit_chunk_k(half) == 0) k.gemm2_unit_rows = half;
     k.gemm1_splits = std::min(k.gemm1_splits, c.hidden / kernels::unit_chunk_k(k.gemm1_unit_rows));
     k.gemm2_splits = std::min(k.gemm2_splits, c.intermediate / kernels::unit_chunk_k(k.gemm2_unit_rows));
+    k.activation_beside_gemm1 = k.gemm1_splits > 1;
   }
   return k;
 }

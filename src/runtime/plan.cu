@@ -241,10 +241,20 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::launch_permute(permute, stream);
 
   const int64_t rows = T * K;  // capacity of the row buffers
-  kernels::ExpertGemmArgs g1{w.data.w13_codes, w.data.w13_scales, x_act, ws.row_token, ws.tile_info, ws.num_tiles,
-                             ws.unit_counters, p.num_local, 2 * c.intermediate, c.hidden, choice.gemm1_splits, p.sm_count};
-  g1.act_rows = T;
-  g1.unit_rows = choice.gemm1_unit_rows;
+  kernels::ExpertGemmArgs g1{.codes = w.data.w13_codes,
+                             .scales = w.data.w13_scales,
+                             .act = x_act,
+                             .row_token = ws.row_token,
+                             .tile_info = ws.tile_info,
+                             .num_tiles = ws.num_tiles,
+                             .unit_counter = ws.unit_counters,
+                             .num_local = p.num_local,
+                             .N = 2 * c.intermediate,
+                             .K = c.hidden,
+                             .splits = choice.gemm1_splits,
+                             .sm_count = p.sm_count,
+                             .act_rows = T,
+                             .unit_rows = choice.gemm1_unit_rows};
   g1.weights_once = choice.weights_once;
   g1.times = times(ForwardStage::Gemm1);
   kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
