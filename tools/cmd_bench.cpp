@@ -531,7 +531,7 @@ void register_bench(CLI::App& app) {
       ->expected(1, 2)
       ->check(non_negative_integer());
   cmd->add_option("--unit-rows", o->unit_rows,
-                  "Force the weight rows per work unit on 8-token tiles: N for both GEMMs, or N1,N2 (128 or 256; 0: "
+                  "Force the weight rows per work unit on 8- and 16-token tiles: N for both GEMMs, or N1,N2 (128 or 256; 0: "
                   "the heuristic's)")
       ->delimiter(',')
       ->expected(1, 2)

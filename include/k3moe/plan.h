@@ -96,9 +96,9 @@ struct PlanOptions {
   // (GEMM2).
   int gemm1_splits = 0;
   int gemm2_splits = 0;
-  // Weight rows per work unit of GEMM1 / GEMM2 on the mma.sync kernel's 8-token tiles: 256, or 128
-  // (twice the units, K streamed in chunks of 256: needs K a multiple of 256, else 256 is kept);
-  // other tiles always take 256. The split overrides' upper bound is then K/256.
+  // Weight rows per work unit of GEMM1 / GEMM2 on the mma.sync kernel's 8- and 16-token tiles: 256,
+  // or 128 (twice the units, K streamed in chunks of 256: needs K a multiple of 256, else 256 is
+  // kept); other tiles always take 256. The split overrides' upper bound is then K/256.
   int gemm1_unit_rows = 0;
   int gemm2_unit_rows = 0;
   // The expert GEMMs' kernel and token tile (Auto / 0: the heuristic's). mma.sync takes tiles of

@@ -4,10 +4,10 @@
 // 8-wide B side, so one token does not waste a 64-row tile. A unit of work is 256 weight rows
 // (4 warps x 4 m-tiles, or 8 x 2) of one expert, one tile of 8/16/24/32 of that expert's token rows
 // and one range of K; persistent CTAs take units from a counter and stream K in chunks of 128
-// through one pipeline of 3 to 8 stages that runs across units. With 8-token tiles a unit can
-// also be 128 rows (4 warps x 2 m-tiles, half a layout row group) streamed in chunks of 256 of K:
-// the same weight bytes per stage, twice the units of half the length, so the end of the stream
-// balances over finer pieces. A producer warp fills each stage:
+// through one pipeline of 2 to 8 stages that runs across units. With 8- and 16-token tiles a
+// unit can also be 128 rows (4 warps x 2 m-tiles, half a layout row group) streamed in chunks of
+// 256 of K: the same weight bytes per stage, twice the units of half the length, so the end of the
+// stream balances over finer pieces. A producer warp fills each stage:
 // the weight blocks (already in fragment order, expert_layout.cuh) and their scales by bulk
 // copies (two per layout run), the token rows (gathered by token id for GEMM1) by cp.async, all completing on the
 // stage's full barrier; the consumer warps release it on its empty barrier, each at its own pace.
@@ -54,7 +54,9 @@ struct Tile {
   // NOTE: three stages (~60-72 KB) let three CTAs share an SM at 8 to 24 tokens, where latency
   // hiding needs warps; at 32 tokens the tile is larger and two CTAs with four stages fit, or one
   // CTA of 8 consumer warps (two would leave them 96 registers, and GEMM2 spills).
-  static constexpr int kStages = kNT == 4 ? (kWarps == 8 ? 8 : 4) : 3;
+  // 128-row units of 16 tokens hold twice the tokens per stage: two stages fit three CTAs (four of
+  // half the K ran slower: bench/NOTES.md, Session 54).
+  static constexpr int kStages = kNT == 4 ? (kWarps == 8 ? 8 : 4) : kRuns == 2 && kNT == 2 ? 2 : 3;
   static constexpr int kMinBlocksPerSm = kNT == 4 ? (kWarps == 8 ? 1 : 2) : 3;
   // NOTE: 16 bytes of padding per row keep the 8 rows an ldmatrix reads in distinct banks.
   static constexpr int kActStride = kChunkK + 8;  // bf16 elements
@@ -461,10 +463,11 @@ void configure() {
 
 // The CTA shapes launched: 4 warps x 4 m-tiles for every token tile, 8 warps x 2 m-tiles for
 // 32-token tiles at prefill (the same weight rows and shared memory per CTA, twice the warps), and
-// 4 warps x 2 m-tiles (128-row units) for 8-token tiles.
+// 4 warps x 2 m-tiles (128-row units) for 8- and 16-token tiles.
 using Tile8 = Tile<1, 4>;
 using Tile8Half = Tile<1, 4, 2>;
 using Tile16 = Tile<2, 4>;
+using Tile16Half = Tile<2, 4, 2>;
 using Tile24 = Tile<3, 4>;
 using Tile32 = Tile<4, 4>;
 using Tile32Wide = Tile<4, 8>;
@@ -475,7 +478,9 @@ void launch_tile(TokenTile tile, int warps, const ExpertGemmArgs& a, const GemmO
     case TokenTile::T8:
       if (a.unit_rows == Tile8Half::kRowsPerCta) return launch<Tile8Half, kEpi>(a, out, stream);
       return launch<Tile8, kEpi>(a, out, stream);
-    case TokenTile::T16: return launch<Tile16, kEpi>(a, out, stream);
+    case TokenTile::T16:
+      if (a.unit_rows == Tile16Half::kRowsPerCta) return launch<Tile16Half, kEpi>(a, out, stream);
+      return launch<Tile16, kEpi>(a, out, stream);
     case TokenTile::T24: return launch<Tile24, kEpi>(a, out, stream);
     case TokenTile::T32:
       if (warps == 8) return launch<Tile32Wide, kEpi>(a, out, stream);
@@ -491,17 +496,18 @@ void configure_expert_gemm_kernels() {
   configure<Tile8>();
   configure<Tile8Half>();
   configure<Tile16>();
+  configure<Tile16Half>();
   configure<Tile24>();
   configure<Tile32>();
   configure<Tile32Wide>();
   configure_expert_gemm_wgmma_kernels();
 }
 
-// Every unit must stream >= 1 chunk of its K range; 128-row units run 8-token tiles over chunks
-// of 256 of K.
+// Every unit must stream >= 1 chunk of its K range; 128-row units run 8- and 16-token tiles over
+// chunks of 256 of K.
 void check_units(const ExpertGemmArgs& args, TokenTile tile, const char* gemm) {
-  K3MOE_CHECK(args.unit_rows == kGemmRowsPerCta || (args.unit_rows == kGemmHalfUnitRows && tile == TokenTile::T8), gemm,
-              ": units of ", args.unit_rows, " rows; 256 rows take every token tile, 128 only 8 tokens");
+  K3MOE_CHECK(args.unit_rows == kGemmRowsPerCta || (args.unit_rows == kGemmHalfUnitRows && tile_takes_half_units(tile)),
+              gemm, ": units of ", args.unit_rows, " rows; 256 rows take every token tile, 128 only 8 or 16 tokens");
   const int chunk_k = unit_chunk_k(args.unit_rows);
   K3MOE_CHECK(args.K % chunk_k == 0, gemm, ": units of ", args.unit_rows, " rows stream K in chunks of ", chunk_k,
               ", K = ", args.K, " is not a multiple");
@@ -547,7 +553,12 @@ cudaFuncAttributes expert_gemm1_split_attributes(TokenTile tile, int unit_rows, 
       else
         get(expert_gemm_kernel<Tile8, Epilogue::GateUpRows>, Tile8::kSmemBytes);
       break;
-    case TokenTile::T16: get(expert_gemm_kernel<Tile16, Epilogue::GateUpRows>, Tile16::kSmemBytes); break;
+    case TokenTile::T16:
+      if (unit_rows == Tile16Half::kRowsPerCta)
+        get(expert_gemm_kernel<Tile16Half, Epilogue::GateUpRows>, Tile16Half::kSmemBytes);
+      else
+        get(expert_gemm_kernel<Tile16, Epilogue::GateUpRows>, Tile16::kSmemBytes);
+      break;
     case TokenTile::T24: get(expert_gemm_kernel<Tile24, Epilogue::GateUpRows>, Tile24::kSmemBytes); break;
     case TokenTile::T32: get(expert_gemm_kernel<Tile32, Epilogue::GateUpRows>, Tile32::kSmemBytes); break;
     default: K3MOE_CHECK(false, "expert_gemm1_split_attributes: mma.sync tiles only");

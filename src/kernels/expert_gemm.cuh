@@ -43,8 +43,8 @@ struct ExpertGemmArgs {
   int splits = 1;  // K ranges; 1 <= splits <= K / unit_chunk_k(unit_rows)
   int sm_count = 0;
   int64_t act_rows = 0;  // the rows act holds (T; the intermediate's capacity)
-  // Weight rows per unit: 256, or 128 with 8-token tiles (streamed in chunks of 256 of K, so K
-  // must be a multiple of 256).
+  // Weight rows per unit: 256, or 128 with 8- and 16-token tiles (streamed in chunks of 256 of K, so
+  // K must be a multiple of 256).
   int unit_rows = 256;
   // Each weight feeds one unit only (every expert's rows fit one token tile): the wgmma kernel then
   // streams the weights with an L2 evict_first policy, as the mma.sync kernels always do.
@@ -94,6 +94,10 @@ inline constexpr int kGemmNMultiple = 16;
 inline constexpr int kGemmChunkK = 128;
 inline constexpr int kGemmRowsPerCta = 256;
 inline constexpr int kGemmHalfUnitRows = 128;
+// The token tiles whose mma.sync kernels also run 128-row units.
+constexpr bool tile_takes_half_units(TokenTile t) {
+  return t == TokenTile::T8 || t == TokenTile::T16;
+}
 // The K a pipeline stage holds for units of `unit_rows` weight rows (the same bytes either way).
 constexpr int unit_chunk_k(int unit_rows) { return unit_rows == kGemmHalfUnitRows ? 2 * kGemmChunkK : kGemmChunkK; }
 // The wgmma kernels address activation rows by 32-bit offsets in 16-byte pieces (one value marks

@@ -148,22 +148,25 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   k.gemm2_splits = choose_splits(tiles * std::ceil(double(c.hidden) / rows_per_cta),
                                  c.intermediate / kernels::kGemmChunkK, target, kernels::kMaxCombineSplits, 0.25,
                                  k.gemm1_splits > 1 ? 1.0 : 2.0);
-  // NOTE: 128-row units (8-token tiles; K a multiple of 256, streamed in chunks of 256) at the K
-  // ranges chosen above: twice the units, each half as long. GEMM1 from a wave of 256-row units on;
-  // both GEMMs below a quarter wave (a few experts). Measured on H100s, same runs, 256 -> 128 rows,
+  // NOTE: 128-row units (8- and 16-token tiles; K a multiple of 256, streamed in chunks of 256) at
+  // the K ranges chosen above: twice the units, each half as long. 8-token tiles: GEMM1 from a wave
+  // of 256-row units on, both GEMMs below a quarter wave (a few experts). Measured on H100s, same runs, 256 -> 128 rows,
   // a16 / mxfp8 us: GEMM1 local28 T = 8 181.3 / 181.7 -> 175.1 / 175.8, ep16 T = 256 349.7 / 350.0
   // -> 336.6 / 337.2, ep32 T = 64 116.0 -> 115.4 / 115.3; local28 T = 1 (0.97 waves) 103.8 / 104.1
   // -> 103.5 / 104.3; both GEMMs ep32 T = 1 23.9 / 24.7 -> 22.5 / 22.8, ep32 T = 8 39.7 / 39.9 ->
   // 39.5 / 39.4 (GEMM1's alone there +0.8 / +0.2 us); GEMM2's beside GEMM1's from a wave: local28
-  // T = 1 and 8 +1..+2 us (bench/NOTES.md, Session 53).
+  // T = 1 and 8 +1..+2 us (bench/NOTES.md, Session 53). With 16-token tiles (two stages per CTA)
+  // both GEMMs from a wave: local28 T = 16 / 24 a16 194.4-196.5 / 207.7-209.7 us -> GEMM1's
+  // 188.3-188.9 / 203.4-204.4, both 184.3-185.2 / 199.3-201.2 (H100s, Session 54).
   const bool few_units = units1 < 0.25 * target;
+  const bool tile8 = k.token_tile == kernels::TokenTile::T8, tile16 = k.token_tile == kernels::TokenTile::T16;
   const int half = kernels::kGemmHalfUnitRows;
-  if (k.token_tile == kernels::TokenTile::T8 && (units1 >= target || few_units)) {
+  if ((tile8 && (units1 >= target || few_units)) || (tile16 && units1 >= target)) {
     if (c.hidden % kernels::unit_chunk_k(half) == 0) k.gemm1_unit_rows = half;
-    if (few_units && c.intermediate % kernels::unit_chunk_k(half) == 0) k.gemm2_unit_rows = half;
+    if ((few_units || tile16) && c.intermediate % kernels::unit_chunk_k(half) == 0) k.gemm2_unit_rows = half;
     k.gemm1_splits = std::min(k.gemm1_splits, c.hidden / kernels::unit_chunk_k(k.gemm1_unit_rows));
     k.gemm2_splits = std::min(k.gemm2_splits, c.intermediate / kernels::unit_chunk_k(k.gemm2_unit_rows));
-    k.activation_beside_gemm1 = k.gemm1_splits > 1;
+    k.activation_beside_gemm1 = tile8 && k.gemm1_splits > 1;
   }
   return k;
 }
@@ -200,7 +203,7 @@ KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, int sm_count) {
   // 128-row units where the tile and K allow them.
   const auto unit_rows = [&](int forced, int chosen, int K) {
     if (forced == 0) return chosen;
-    return forced == kernels::kGemmHalfUnitRows && k.token_tile == kernels::TokenTile::T8 &&
+    return forced == kernels::kGemmHalfUnitRows && kernels::tile_takes_half_units(k.token_tile) &&
                    K % kernels::unit_chunk_k(forced) == 0
                ? forced
                : kernels::kGemmRowsPerCta;

@@ -17,7 +17,7 @@ struct KernelChoice {
   int gemm2_warps = 4;
   int gemm1_splits = 1;  // K ranges of GEMM1 (> 1: partial rows + the activation stage)
   int gemm2_splits = 1;  // K ranges of GEMM2 (summed by the combine)
-  // Weight rows per unit of each GEMM (ExpertGemmArgs::unit_rows): 256, or 128 on 8-token tiles.
+  // Weight rows per unit of each GEMM (ExpertGemmArgs::unit_rows): 256, or 128 on 8- and 16-token tiles.
   int gemm1_unit_rows = kernels::kGemmRowsPerCta;
   int gemm2_unit_rows = kernels::kGemmRowsPerCta;
   double expected_active_experts = 0.0;

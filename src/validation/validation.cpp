@@ -351,7 +351,8 @@ std::vector<Case> matrix(bool quick) {
       add("ep32-896", ep32_896_config(), {32, 7}, mode, Activation::Situ, T, RoutingKind::Logits);
   // 128-row units on 8-token tiles: in the reduced shape GEMM2's (its last row group is half
   // one; GEMM1's K = 384 keeps 256-row units), in ep32-896 both GEMMs', K whole and GEMM1 split in
-  // two; in Kimi-K3's both, as at local28 T = 8.
+  // two; in Kimi-K3's both, as at local28 T = 8. On 16-token tiles: ep32-896 T = 700 (12.5 rows
+  // per expert, some past 16) and Kimi-K3's local28 T = 16.
   for (Mode mode : modes) {
     for (int T : quick ? std::vector<int>{17} : std::vector<int>{1, 17}) {
       add("reduced", reduced, {1, 0}, mode, Activation::Situ, T, RoutingKind::Logits);
@@ -362,10 +363,16 @@ std::vector<Case> matrix(bool quick) {
       cases.back().unit_rows = 128;
       cases.back().splits = splits;
     }
-    if (!quick) {
-      add("k3-local28", k3_local28_config(), {1, 0}, mode, Activation::Situ, 8, RoutingKind::Logits);
+    for (int splits : quick ? std::vector<int>{2} : std::vector<int>{1, 2}) {
+      add("ep32-896", ep32_896_config(), {32, 7}, mode, Activation::Situ, 700, RoutingKind::Logits);
       cases.back().unit_rows = 128;
+      cases.back().splits = splits;
     }
+    if (!quick)
+      for (int T : {8, 16}) {
+        add("k3-local28", k3_local28_config(), {1, 0}, mode, Activation::Situ, T, RoutingKind::Logits);
+        cases.back().unit_rows = 128;
+      }
   }
 
   for (Mode mode : modes)

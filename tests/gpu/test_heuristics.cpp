@@ -132,8 +132,9 @@ TEST(Heuristics, ForcedTileMustBeOneTheKernelsHave) {
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, 132, GemmKernel::Auto, 24).token_tile, kernels::TokenTile::T24);
 }
 
-// 128-row units where measured faster (heuristics.cpp), with 8-token tiles and K a multiple of
-// 256: GEMM1's from a wave of 256-row units on, both GEMMs' below a quarter wave.
+// 128-row units where measured faster (heuristics.cpp), with K a multiple of 256: at 8-token tiles
+// GEMM1's from a wave of 256-row units on, both GEMMs' below a quarter wave; at 16-token tiles both
+// GEMMs' from a wave.
 TEST(Heuristics, HalfUnitsWhereTheyWereMeasuredFaster) {
   const MoeConfig k3 = MoeConfig::kimi_k3();
   MoeConfig local28 = k3;  // the bench's local28: top-16 among 28 experts
@@ -149,6 +150,10 @@ TEST(Heuristics, HalfUnitsWhereTheyWereMeasuredFaster) {
   EXPECT_EQ(rows(k3, {32, 0}, 16), std::pair(256, 256)) << "between a quarter wave and a wave";
   EXPECT_EQ(rows(k3, {32, 0}, 64), std::pair(128, 256));
   EXPECT_EQ(rows(k3, {16, 0}, 256), std::pair(128, 256));
+  EXPECT_EQ(rows(local28, {1, 0}, 16), std::pair(128, 128)) << "16-token tiles";
+  EXPECT_EQ(rows(local28, {1, 0}, 24), std::pair(128, 128)) << "16-token tiles, 13.7 rows";
+  EXPECT_EQ(rows(k3, {32, 0}, 512), std::pair(128, 128)) << "16-token tiles";
+  EXPECT_EQ(rows(k3, {64, 0}, 700), std::pair(256, 256)) << "16-token tiles below a wave";
   EXPECT_EQ(rows(local28, {1, 0}, 32), std::pair(256, 256)) << "24-token tiles";
   MoeConfig narrow = k3;
   narrow.hidden = 3584 + 128;

@@ -1,4 +1,4 @@
-// 128-row units (8-token tiles, chunks of 256 of K) compute what 256-row units do, in the same
+// 128-row units (8- and 16-token tiles, chunks of 256 of K) compute what 256-row units do, in the same
 // order: a forward's output bits must not depend on the unit size over the same K ranges, in both
 // modes; eager calls and graph replays agree.
 #include <gtest/gtest.h>
@@ -29,11 +29,15 @@ TEST(UnitRows, HalfUnitsGiveTheBitsOfWholeOnes) {
   const CudaStream stream;
   for (Mode mode : {Mode::A16, Mode::Mxfp8})
     for (int splits : {1, 2})
-      for (int T : {1, 17}) {
-        SCOPED_TRACE(::testing::Message() << "mode " << to_string(mode) << ", splits " << splits << ", T = " << T);
+      for (int tile : {8, 16})
+      for (int T : {1, 17, 40}) {
+        SCOPED_TRACE(::testing::Message() << "mode " << to_string(mode) << ", splits " << splits << ", tile " << tile
+                                          << ", T = " << T);
         std::vector<uint16_t> out[2];
         for (int half = 0; half < 2; ++half) {
           PlanOptions o{c, 64, mode, Activation::Situ, c.activation_params, {1, 0}, 0};
+          o.gemm_kernel = GemmKernel::MmaSync;
+          o.token_tile = tile;
           // GEMM1's K ranges are the same at either size; GEMM2's K = 256 is one chunk of 128-row
           // units, so it stays whole (another split would sum other partials).
           o.gemm1_splits = splits;
@@ -41,7 +45,7 @@ TEST(UnitRows, HalfUnitsGiveTheBitsOfWholeOnes) {
           o.gemm1_unit_rows = o.gemm2_unit_rows = half ? kernels::kGemmHalfUnitRows : kernels::kGemmRowsPerCta;
           const MoePlan plan = MoePlan::create(o);
           const KernelChoice k = kernel_choice(o, T, 132);
-          ASSERT_EQ(k.token_tile, kernels::TokenTile::T8);
+          ASSERT_EQ(kernels::tile_tokens(k.token_tile), tile);
           ASSERT_EQ(k.gemm1_unit_rows, o.gemm1_unit_rows);
           ASSERT_EQ(k.gemm2_unit_rows, o.gemm2_unit_rows);
           Inputs in(c, T, 3, false);
@@ -66,8 +70,11 @@ TEST(UnitRows, HalfUnitsOnlyWhereTheTileAndKAllowThem) {
   EXPECT_EQ(k.gemm2_unit_rows, 128);
   EXPECT_EQ(k.gemm1_splits, 2) << "K = 512 holds two chunks of 256";
   EXPECT_NE(k.describe().find("units of 128 (GEMM1) and 128 (GEMM2) weight rows"), std::string::npos) << k.describe();
-  // 16-token tiles, and K = 384 (not a multiple of 256): 256-row units.
-  EXPECT_EQ(kernel_choice(o, 60, 132).gemm1_unit_rows, 256);
+  EXPECT_EQ(kernel_choice(o, 60, 132).token_tile, kernels::TokenTile::T16);
+  EXPECT_EQ(kernel_choice(o, 60, 132).gemm1_unit_rows, 128);
+  // 24-token tiles, and K = 384 (not a multiple of 256): 256-row units.
+  EXPECT_EQ(kernel_choice(o, 80, 132).token_tile, kernels::TokenTile::T24);
+  EXPECT_EQ(kernel_choice(o, 80, 132).gemm1_unit_rows, 256);
   o.config.hidden = 384;
   k = kernel_choice(o, 17, 132);
   EXPECT_EQ(k.gemm1_unit_rows, 256);
