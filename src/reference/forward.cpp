@@ -13,6 +13,7 @@
 //   y    = fp32(a . W2^T)
 //   out  = bf16(fp32(sum_k w_k y_k)), the sum in double in slot order
 #include <algorithm>
+#include <bit>
 #include <thread>
 
 #include "k3moe/activation.h"
@@ -54,6 +55,19 @@ double dot(const double* a, const double* b, int n) {
   }
   return (s0 + s1) + (s2 + s3);
 }
+
+// The dot product summed as fp32 over blocks of 16 products, each block exact (n is a multiple of 32).
+double dot_fp32_blocks(const double* a, const double* b, int n) {
+  float sum = 0.0f;
+  for (int i = 0; i < n; i += 16) {
+    double block = 0.0;
+    for (int j = i; j < i + 16; ++j) block += a[j] * b[j];
+    sum += float(block);
+  }
+  return double(sum);
+}
+
+float truncate_to_bf16(float f) { return bf16_bits_to_float(uint16_t(std::bit_cast<uint32_t>(f) >> 16)); }
 
 // The two E2M1 values of every packed byte (low nibble = even element), exact in double.
 struct PairTable {
@@ -142,13 +156,16 @@ std::vector<double> reference_forward(const ReferenceProblem& p, Precision preci
 }
 
 std::vector<double> detail::reference_forward_chunked(const ReferenceProblem& p, Precision precision,
-                                                      int chunk) {
+                                                      int chunk, const EmulationVariant& variant) {
   check_problem(p);
   K3MOE_CHECK(chunk >= 1, "reference_forward: chunk_tokens must be >= 1, got ", chunk);
   const RankExperts& ex = *p.experts;
   const int H = ex.config.hidden, I = ex.config.intermediate, K = p.routing->top_k;
   const int T = p.tokens, L = ex.num_local;
   const bool emulate = precision == Precision::Emulate;
+  const auto sum = emulate && variant.fp32_block_sums ? dot_fp32_blocks : dot;
+  const auto activation_to_bf16 = emulate && variant.truncate_activation ? truncate_to_bf16 : round_to_bf16;
+  const auto output_to_bf16 = emulate && variant.truncate_output ? truncate_to_bf16 : round_to_bf16;
   std::vector<double> out(size_t(T) * H, 0.0);
   if (T == 0 || L == 0) return out;
 
@@ -212,7 +229,7 @@ std::vector<double> detail::reference_forward_chunked(const ReferenceProblem& p,
         dequantize_row(ex.w13_packed.data() + wrow * (H / 2), ex.w13_scale.data() + wrow * (H / kGroup), H,
                        w.data());
         for (int pr = first_pair[e]; pr < first_pair[e + 1]; ++pr) {
-          const double v = dot(x_in.data() + size_t(pair_token[pr]) * H, w.data(), H);
+          const double v = sum(x_in.data() + size_t(pair_token[pr]) * H, w.data(), H);
           h[size_t(pr) * 2 * I + n] = emulate ? double(float(v)) : v;
         }
       }
@@ -233,7 +250,7 @@ std::vector<double> detail::reference_forward_chunked(const ReferenceProblem& p,
         if (p.mode == Mode::Mxfp8) {
           mxfp8_round_trip(a32, kGroup, hp + g * kGroup);
         } else {
-          for (int j = 0; j < kGroup; ++j) hp[g * kGroup + j] = double(round_to_bf16(a32[j]));
+          for (int j = 0; j < kGroup; ++j) hp[g * kGroup + j] = double(activation_to_bf16(a32[j]));
         }
       }
     });
@@ -248,7 +265,7 @@ std::vector<double> detail::reference_forward_chunked(const ReferenceProblem& p,
         const int64_t wrow = int64_t(e) * H + j;
         dequantize_row(ex.w2_packed.data() + wrow * (I / 2), ex.w2_scale.data() + wrow * (I / kGroup), I, w.data());
         for (int pr = first_pair[e]; pr < first_pair[e + 1]; ++pr) {
-          const double v = dot(h.data() + size_t(pr) * 2 * I, w.data(), I);
+          const double v = sum(h.data() + size_t(pr) * 2 * I, w.data(), I);
           y[size_t(pr) * H + j] = emulate ? double(float(v)) : v;
         }
       }
@@ -265,7 +282,7 @@ std::vector<double> detail::reference_forward_chunked(const ReferenceProblem& p,
         for (int j = 0; j < H; ++j) o[j] += w * yp[j];
       }
       if (emulate)
-        for (int j = 0; j < H; ++j) o[j] = double(round_to_bf16(float(o[j])));
+        for (int j = 0; j < H; ++j) o[j] = double(output_to_bf16(float(o[j])));
     }
   }
   return out;

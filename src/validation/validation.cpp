@@ -256,13 +256,14 @@ double ep_sum_distance(const Case& c, const Inputs& in, const std::vector<uint16
 }  // namespace
 
 Tolerance tolerance(Mode mode) {
-  // docs/PRECISION.md derives these: about twice the largest the matrix has measured (the same
-  // figures in every run since 3207deb: the kernels and inputs are deterministic), so that an
-  // output rounded the wrong way fails. a16: 2.65e-4 vs emulation, 2.62e-3 vs ideal; mxfp8:
-  // 1.13e-3 (a T = 90 case whose group amaxes cross powers of two; the others below 2e-4) and
-  // 6.95e-2 (extreme scales). A cosine bound would add nothing: rel-L2 r implies cosine
-  // >= sqrt(1 - r^2).
-  return mode == Mode::A16 ? Tolerance{6e-4, 5e-3} : Tolerance{2.5e-3, 1.5e-1};
+  // docs/PRECISION.md derives these: about twice the largest measured, so that an output rounded
+  // the wrong way fails. a16: 8.46e-4 vs emulation (k3-local28 T = 1, an input set that flips
+  // ~10 % of the outputs' bf16 rounding; another fp32 summation order over 120 sets, host-side:
+  // at most 6.3e-4; truncated activations or outputs 3.9e-3 and more,
+  // tests/gpu/test_tolerance.cpp), 2.62e-3 vs ideal; mxfp8: 1.13e-3 (a T = 90 case whose group
+  // amaxes cross powers of two; the others below 2e-4) and 6.95e-2 (extreme scales). A cosine
+  // bound would add nothing: rel-L2 r implies cosine >= sqrt(1 - r^2).
+  return mode == Mode::A16 ? Tolerance{1.5e-3, 5e-3} : Tolerance{2.5e-3, 1.5e-1};
 }
 
 PlanOptions plan_options(const Case& c) {
