@@ -274,6 +274,21 @@ PlanOptions plan_options(const Case& c) {
   return options;
 }
 
+// A case's seed from what it is, not from where it sits in the matrix, so that a case added to
+// the matrix leaves every other case's experts and inputs as they were (FNV-1a over its fields).
+uint64_t case_seed(const Case& c) {
+  uint64_t h = 14695981039346656037ull;
+  const auto mix = [&](int64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ uint64_t((v >> (8 * i)) & 0xFF)) * 1099511628211ull;
+  };
+  for (char ch : c.shape) mix(ch);
+  for (int64_t v : {int64_t(c.ep.size), int64_t(c.ep.rank), int64_t(c.mode), int64_t(c.activation), int64_t(c.tokens),
+                    int64_t(c.routing), int64_t(c.poison), int64_t(c.ep_sum_check), int64_t(c.splits),
+                    int64_t(c.unit_rows), int64_t(c.kernel)})
+    mix(v);
+  return h;
+}
+
 std::vector<Case> matrix(bool quick) {
   std::vector<Case> cases;
   const Mode modes[] = {Mode::A16, Mode::Mxfp8};
@@ -291,7 +306,7 @@ std::vector<Case> matrix(bool quick) {
     c.routing = routing;
     c.poison = poison;
     c.ep_sum_check = ep_sum;
-    c.seed = 1000 + cases.size();
+    c.seed = 0;  // from the case's fields once they are all set (case_seed)
     cases.push_back(c);
   };
   const MoeConfig reduced = reduced_config();
@@ -386,6 +401,12 @@ std::vector<Case> matrix(bool quick) {
   for (Mode mode : modes)
     for (int T : quick ? std::vector<int>{1} : std::vector<int>{1, 32, 128})
       add("k3-local28", k3_local28_config(), {1, 0}, mode, Activation::Situ, T, RoutingKind::Logits);
+  // The input set that found the long tail of a16's rounding flips (8.46e-4 against the
+  // emulation; docs/PRECISION.md), drawn as it was then (its seed came from its index).
+  add("k3-local28", k3_local28_config(), {1, 0}, Mode::A16, Activation::Situ, 1, RoutingKind::Logits);
+  cases.back().seed = 1080;
+  for (Case& c : cases)
+    if (c.seed == 0) c.seed = case_seed(c);
   return cases;
 }
 
@@ -543,6 +564,7 @@ std::string results_json(const std::vector<Result>& results, const std::string& 
                     {"forced_splits", c.splits},
                     {"forced_unit_rows", c.unit_rows},
                     {"forced_kernel", c.kernel == GemmKernel::Wgmma ? "wgmma" : "auto"},
+                    {"seed", c.seed},
                     {"experts_hit", r.experts_hit},
                     {"rel_l2_vs_emulate", r.vs_emulate.rel_l2},
                     {"cosine_vs_emulate", r.vs_emulate.cosine},

@@ -42,7 +42,7 @@ struct Case {
   int splits = 0;             // > 0: force this K split on both GEMMs (PlanOptions::gemm*_splits)
   int unit_rows = 0;          // > 0: force the weight rows per unit on both GEMMs (PlanOptions::gemm*_unit_rows)
   GemmKernel kernel = GemmKernel::Auto;  // Wgmma: force the wgmma kernel (its tile by the rows)
-  uint64_t seed = 1;
+  uint64_t seed = 1;  // experts and inputs; the matrix derives it from the other fields (case_seed)
 };
 
 struct Tolerance {

@@ -2,7 +2,9 @@
 // full matrix.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <ostream>
+#include <vector>
 
 #include "gpu_test.h"
 #include "validation/validation.h"
@@ -38,6 +40,30 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, QuickMatrix, ::testing::ValuesIn(matrix(true)), case_name);
+
+// A case draws the same experts and inputs in either matrix, wherever it sits: its seed comes
+// from its fields, so adding a case does not change the others' (host-only).
+TEST(Matrix, ACaseSeedDependsOnTheCaseNotItsPlace) {
+  const std::vector<Case> quick = matrix(true), full = matrix(false);
+  const auto same_case = [](const Case& a, const Case& b) {
+    return a.shape == b.shape && a.ep.size == b.ep.size && a.ep.rank == b.ep.rank && a.mode == b.mode &&
+           a.activation == b.activation && a.tokens == b.tokens && a.routing == b.routing && a.poison == b.poison &&
+           a.ep_sum_check == b.ep_sum_check && a.splits == b.splits && a.unit_rows == b.unit_rows &&
+           a.kernel == b.kernel;
+  };
+  int shared = 0;
+  for (const Case& q : quick)
+    for (const Case& f : full)
+      if (same_case(q, f) && q.seed == f.seed) ++shared;
+  for (const Case& q : quick) {
+    const bool in_full = std::any_of(full.begin(), full.end(), [&](const Case& f) { return same_case(q, f); });
+    const bool same_seed =
+        std::any_of(full.begin(), full.end(), [&](const Case& f) { return same_case(q, f) && q.seed == f.seed; });
+    EXPECT_TRUE(!in_full || same_seed) << "quick case " << ::testing::PrintToString(q)
+                                       << " has another seed in the full matrix";
+  }
+  EXPECT_GT(shared, int(quick.size()) / 2) << "most quick cases are full-matrix cases too";
+}
 
 }  // namespace
 }  // namespace k3moe::validation
