@@ -150,14 +150,16 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
                                  k.gemm1_splits > 1 ? 1.0 : 2.0);
   // NOTE: 128-row units (8- and 16-token tiles; K a multiple of 256, streamed in chunks of 256) at
   // the K ranges chosen above: twice the units, each half as long. 8-token tiles: GEMM1 from a wave
-  // of 256-row units on, both GEMMs below a quarter wave (a few experts). Measured on H100s, same runs, 256 -> 128 rows,
-  // a16 / mxfp8 us: GEMM1 local28 T = 8 181.3 / 181.7 -> 175.1 / 175.8, ep16 T = 256 349.7 / 350.0
+  // of 256-row units on, both GEMMs below a quarter wave (a few experts). Measured on H100s, same
+  // runs, 256 -> 128 rows, a16 / mxfp8 us: GEMM1 local28 T = 8 181.3 / 181.7 -> 175.1 / 175.8, ep16 T = 256 349.7 / 350.0
   // -> 336.6 / 337.2, ep32 T = 64 116.0 -> 115.4 / 115.3; local28 T = 1 (0.97 waves) 103.8 / 104.1
   // -> 103.5 / 104.3; both GEMMs ep32 T = 1 23.9 / 24.7 -> 22.5 / 22.8, ep32 T = 8 39.7 / 39.9 ->
   // 39.5 / 39.4 (GEMM1's alone there +0.8 / +0.2 us); GEMM2's beside GEMM1's from a wave: local28
   // T = 1 and 8 +1..+2 us (bench/NOTES.md, Session 53). With 16-token tiles (two stages per CTA)
   // both GEMMs from a wave: local28 T = 16 / 24 a16 194.4-196.5 / 207.7-209.7 us -> GEMM1's
-  // 188.3-188.9 / 203.4-204.4, both 184.3-185.2 / 199.3-201.2 (H100s, Session 54).
+  // 188.3-188.9 / 203.4-204.4, both 184.3-185.2 / 199.3-201.2 (H100s, Session 54); under sustained
+  // load at the power cap they ran 3-4 % slower in a16 (the protocol times bursts; PlanOptions can
+  // force 256 rows).
   const bool few_units = units1 < 0.25 * target;
   const bool tile8 = k.token_tile == kernels::TokenTile::T8, tile16 = k.token_tile == kernels::TokenTile::T16;
   const int half = kernels::kGemmHalfUnitRows;
