@@ -11,8 +11,8 @@
 # SASS of the kernels whose mangled name matches it (e.g. 'permute_block_kernel').
 # --compare: for each CUDA object of the library in two build trees (e.g. two commits' checkouts),
 # "same" or "DIFF" of their SASS, the source paths and the path-derived anonymous-namespace names
-# set aside: a host-only change leaves every line "same", with no GPU needed to show it. Exits 1 on
-# a difference.
+# set aside, kernels compared in name order: a host-only change leaves every line "same", with no
+# GPU needed to show it. Exits 1 on a difference.
 source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,9 +38,12 @@ if [ -z "$tool" ]; then  # cuobjdump -sass runs nvdisasm: both from PyPI, side b
   export PATH="$deps/bin:$PATH"
 fi
 
+# Each line behind its kernel's name, kernels sorted (stable: a kernel's lines keep their order), so
+# instantiating the same kernels in another order reads as the same code.
 normalized_sass() {
   "$tool" -sass "$1" | grep -v 'identifier = ' |
-    sed -E 's/_GLOBAL__N__[0-9a-f]+_[0-9]+_[A-Za-z0-9_]+_(cu|cpp)_[0-9a-f]+/_ANON_/g'
+    sed -E 's/_GLOBAL__N__[0-9a-f]+_[0-9]+_[A-Za-z0-9_]+_(cu|cpp)_[0-9a-f]+/_ANON_/g' |
+    awk '/Function : /{name = $3} {print name "\t" $0}' | LC_ALL=C sort -s -t$'\t' -k1,1
 }
 
 if [ "$file" = --compare ]; then

@@ -472,22 +472,24 @@ using Tile24 = Tile<3, 4>;
 using Tile32 = Tile<4, 4>;
 using Tile32Wide = Tile<4, 8>;
 
+// Calls `f.template operator()<T>()` with the CTA shape T that runs an mma.sync token tile at
+// `warps` and `unit_rows`; false for the wgmma tiles.
+template <class F>
+bool with_mma_tile(TokenTile tile, int warps, int unit_rows, F&& f) {
+  const bool half = unit_rows == kGemmHalfUnitRows;
+  switch (tile) {
+    case TokenTile::T8: half ? f.template operator()<Tile8Half>() : f.template operator()<Tile8>(); return true;
+    case TokenTile::T16: half ? f.template operator()<Tile16Half>() : f.template operator()<Tile16>(); return true;
+    case TokenTile::T24: f.template operator()<Tile24>(); return true;
+    case TokenTile::T32: warps == 8 ? f.template operator()<Tile32Wide>() : f.template operator()<Tile32>(); return true;
+    default: return false;
+  }
+}
+
 template <Epilogue kEpi>
 void launch_tile(TokenTile tile, int warps, const ExpertGemmArgs& a, const GemmOutput& out, cudaStream_t stream) {
-  switch (tile) {
-    case TokenTile::T8:
-      if (a.unit_rows == Tile8Half::kRowsPerCta) return launch<Tile8Half, kEpi>(a, out, stream);
-      return launch<Tile8, kEpi>(a, out, stream);
-    case TokenTile::T16:
-      if (a.unit_rows == Tile16Half::kRowsPerCta) return launch<Tile16Half, kEpi>(a, out, stream);
-      return launch<Tile16, kEpi>(a, out, stream);
-    case TokenTile::T24: return launch<Tile24, kEpi>(a, out, stream);
-    case TokenTile::T32:
-      if (warps == 8) return launch<Tile32Wide, kEpi>(a, out, stream);
-      return launch<Tile32, kEpi>(a, out, stream);
-    default:
-      return launch_expert_gemm_wgmma(a, out, tile_tokens(tile), warps, kEpi != Epilogue::Rows, stream);
-  }
+  const bool mma = with_mma_tile(tile, warps, a.unit_rows, [&]<class T>() { launch<T, kEpi>(a, out, stream); });
+  if (!mma) launch_expert_gemm_wgmma(a, out, tile_tokens(tile), warps, kEpi != Epilogue::Rows, stream);
 }
 
 }  // namespace
@@ -542,27 +544,11 @@ int gemm_ctas_per_sm(TokenTile tile) {
 
 cudaFuncAttributes expert_gemm1_split_attributes(TokenTile tile, int unit_rows, size_t* dynamic_smem) {
   cudaFuncAttributes attributes{};
-  const auto get = [&](auto kernel, int smem) {
-    K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    *dynamic_smem = size_t(smem);
-  };
-  switch (tile) {
-    case TokenTile::T8:
-      if (unit_rows == Tile8Half::kRowsPerCta)
-        get(expert_gemm_kernel<Tile8Half, Epilogue::GateUpRows>, Tile8Half::kSmemBytes);
-      else
-        get(expert_gemm_kernel<Tile8, Epilogue::GateUpRows>, Tile8::kSmemBytes);
-      break;
-    case TokenTile::T16:
-      if (unit_rows == Tile16Half::kRowsPerCta)
-        get(expert_gemm_kernel<Tile16Half, Epilogue::GateUpRows>, Tile16Half::kSmemBytes);
-      else
-        get(expert_gemm_kernel<Tile16, Epilogue::GateUpRows>, Tile16::kSmemBytes);
-      break;
-    case TokenTile::T24: get(expert_gemm_kernel<Tile24, Epilogue::GateUpRows>, Tile24::kSmemBytes); break;
-    case TokenTile::T32: get(expert_gemm_kernel<Tile32, Epilogue::GateUpRows>, Tile32::kSmemBytes); break;
-    default: K3MOE_CHECK(false, "expert_gemm1_split_attributes: mma.sync tiles only");
-  }
+  const bool mma = with_mma_tile(tile, 4, unit_rows, [&]<class T>() {
+    K3MOE_CUDA_CHECK(cudaFuncGetAttributes(&attributes, expert_gemm_kernel<T, Epilogue::GateUpRows>));
+    *dynamic_smem = size_t(T::kSmemBytes);
+  });
+  K3MOE_CHECK(mma, "expert_gemm1_split_attributes: mma.sync tiles only");
   return attributes;
 }
 
