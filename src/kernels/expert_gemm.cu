@@ -533,13 +533,9 @@ void launch_expert_gemm2(const ExpertGemmArgs& args, const GemmOutput& out, Toke
 }
 
 int gemm_ctas_per_sm(TokenTile tile) {
-  switch (tile) {
-    case TokenTile::T8: return Tile8::kMinBlocksPerSm;
-    case TokenTile::T16: return Tile16::kMinBlocksPerSm;
-    case TokenTile::T24: return Tile24::kMinBlocksPerSm;
-    case TokenTile::T32: return Tile32::kMinBlocksPerSm;
-    default: return 1;  // the wgmma kernels
-  }
+  int ctas = 1;  // the wgmma kernels
+  with_mma_tile(tile, 4, kGemmRowsPerCta, [&]<class T>() { ctas = T::kMinBlocksPerSm; });
+  return ctas;
 }
 
 cudaFuncAttributes expert_gemm1_split_attributes(TokenTile tile, int unit_rows, size_t* dynamic_smem) {
