@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -17,18 +18,21 @@
 namespace k3moe {
 namespace {
 
-// One expert's matrix [N, K]; `source_row(r)` (below) maps a kernel row to the checkpoint row it holds.
+// One expert's matrix [N, K] and where it starts in its buffers (the same offsets in the checkpoint's
+// and the kernel's: both hold N * K / 2 code bytes and N * K / 32 scales per expert).
 struct MatrixView {
   int N, K;
   bool is_w13;
+  int64_t codes_offset, scales_offset;
+  // The checkpoint row that kernel row r holds (W13 interleaves gate and up rows).
+  int source_row(int r) const { return is_w13 ? layout::w13_checkpoint_row(r, N / 2) : r; }
 };
 
-template <class RowMap>
 void matrix_to_kernel(const MatrixView& m, const uint8_t* packed, const uint8_t* scale, uint8_t* kcodes,
-                      uint8_t* kscales, RowMap source_row, int global_expert, const MoeConfig& config) {
+                      uint8_t* kscales, int global_expert, const MoeConfig& config) {
   std::fill(kcodes, kcodes + int64_t(m.N) * m.K / 2, 0);
   for (int r = 0; r < m.N; ++r) {
-    const int src = source_row(r);
+    const int src = m.source_row(r);
     const uint8_t* row_codes = packed + int64_t(src) * (m.K / 2);
     const uint8_t* row_scales = scale + int64_t(src) * (m.K / 32);
     for (int k = 0; k < m.K; ++k) {
@@ -52,11 +56,10 @@ void matrix_to_kernel(const MatrixView& m, const uint8_t* packed, const uint8_t*
   }
 }
 
-template <class RowMap>
 void matrix_from_kernel(const MatrixView& m, const uint8_t* kcodes, const uint8_t* kscales, uint8_t* packed,
-                        uint8_t* scale, RowMap source_row) {
+                        uint8_t* scale) {
   for (int r = 0; r < m.N; ++r) {
-    const int dst = source_row(r);
+    const int dst = m.source_row(r);
     uint8_t* row_codes = packed + int64_t(dst) * (m.K / 2);
     for (int k = 0; k < m.K; ++k) {
       const layout::CodeBits pos = layout::code_bits(r, k, m.N, m.K);
@@ -70,11 +73,15 @@ void matrix_from_kernel(const MatrixView& m, const uint8_t* kcodes, const uint8_
   }
 }
 
-// Runs fn(expert) for every local expert on all hardware threads; rethrows the lowest expert's error.
+// Runs fn(local expert, matrix) for W13 and W2 of every local expert, one expert per task on all
+// hardware threads; rethrows the lowest expert's error.
 template <class Fn>
-void for_each_expert(int num_local, Fn fn) {
-  parallel_for(num_local, int(std::max(1u, std::thread::hardware_concurrency())), "kernel layout",
-               [&](int64_t e) { fn(int(e)); });
+void for_each_expert_matrix(const MoeConfig& c, int num_local, Fn fn) {
+  const KernelLayoutSizes one = kernel_layout_sizes(c, ExpertParallel{c.num_experts, 0});  // per expert
+  parallel_for(num_local, int(std::max(1u, std::thread::hardware_concurrency())), "kernel layout", [&](int64_t e) {
+    fn(int(e), MatrixView{2 * c.intermediate, c.hidden, true, e * one.w13_codes, e * one.w13_scales});
+    fn(int(e), MatrixView{c.hidden, c.intermediate, false, e * one.w2_codes, e * one.w2_scales});
+  });
 }
 
 // The layout stores K (H for W13, I for W2) in chunks of kChunkK: any other K would index past
@@ -101,18 +108,12 @@ KernelLayout to_kernel_layout(const RankExperts& experts) {
   const KernelLayoutSizes sizes = kernel_layout_sizes(c, experts.ep);
   KernelLayout out{std::vector<uint8_t>(sizes.w13_codes), std::vector<uint8_t>(sizes.w13_scales),
                    std::vector<uint8_t>(sizes.w2_codes), std::vector<uint8_t>(sizes.w2_scales)};
-  const MatrixView w13{2 * c.intermediate, c.hidden, true}, w2{c.hidden, c.intermediate, false};
-  const KernelLayoutSizes one = kernel_layout_sizes(c, ExpertParallel{c.num_experts, 0});  // per expert
-  const int64_t w13_codes = one.w13_codes, w13_scales = one.w13_scales, w2_codes = one.w2_codes,
-                w2_scales = one.w2_scales;
-  const int I = c.intermediate;
-  for_each_expert(experts.num_local, [&](int e) {
-    matrix_to_kernel(w13, experts.w13_packed.data() + e * w13_codes, experts.w13_scale.data() + e * w13_scales,
-                     out.w13_codes.data() + e * w13_codes, out.w13_scales.data() + e * w13_scales,
-                     [I](int r) { return layout::w13_checkpoint_row(r, I); }, experts.first_expert + e, c);
-    matrix_to_kernel(w2, experts.w2_packed.data() + e * w2_codes, experts.w2_scale.data() + e * w2_scales,
-                     out.w2_codes.data() + e * w2_codes, out.w2_scales.data() + e * w2_scales, [](int r) { return r; },
-                     experts.first_expert + e, c);
+  for_each_expert_matrix(c, experts.num_local, [&](int e, const MatrixView& m) {
+    const auto [packed, scale] = m.is_w13 ? std::tie(experts.w13_packed, experts.w13_scale)
+                                           : std::tie(experts.w2_packed, experts.w2_scale);
+    const auto [codes, scales] = m.is_w13 ? std::tie(out.w13_codes, out.w13_scales) : std::tie(out.w2_codes, out.w2_scales);
+    matrix_to_kernel(m, packed.data() + m.codes_offset, scale.data() + m.scales_offset,
+                     codes.data() + m.codes_offset, scales.data() + m.scales_offset, experts.first_expert + e, c);
   });
   return out;
 }
@@ -128,18 +129,11 @@ RankExperts from_kernel_layout(const KernelLayout& in, const MoeConfig& c, int l
   for (const auto& [name, bytes, expected] : buffers)
     K3MOE_CHECK(int64_t(bytes) == expected, "from_kernel_layout: ", name, " holds ", bytes, " bytes, the config (H ",
                 c.hidden, ", I ", c.intermediate, ", ", ep.num_local(c.num_experts), " local experts) needs ", expected);
-  const MatrixView w13{2 * c.intermediate, c.hidden, true}, w2{c.hidden, c.intermediate, false};
-  const KernelLayoutSizes one = kernel_layout_sizes(c, ExpertParallel{c.num_experts, 0});  // per expert
-  const int64_t w13_codes = one.w13_codes, w13_scales = one.w13_scales, w2_codes = one.w2_codes,
-                w2_scales = one.w2_scales;
-  const int I = c.intermediate;
-  for_each_expert(out.num_local, [&](int e) {
-    matrix_from_kernel(w13, in.w13_codes.data() + e * w13_codes, in.w13_scales.data() + e * w13_scales,
-                       out.w13_packed.data() + e * w13_codes, out.w13_scale.data() + e * w13_scales,
-                       [I](int r) { return layout::w13_checkpoint_row(r, I); });
-    matrix_from_kernel(w2, in.w2_codes.data() + e * w2_codes, in.w2_scales.data() + e * w2_scales,
-                       out.w2_packed.data() + e * w2_codes, out.w2_scale.data() + e * w2_scales,
-                       [](int r) { return r; });
+  for_each_expert_matrix(c, out.num_local, [&](int, const MatrixView& m) {
+    const auto [codes, scales] = m.is_w13 ? std::tie(in.w13_codes, in.w13_scales) : std::tie(in.w2_codes, in.w2_scales);
+    const auto [packed, scale] = m.is_w13 ? std::tie(out.w13_packed, out.w13_scale) : std::tie(out.w2_packed, out.w2_scale);
+    matrix_from_kernel(m, codes.data() + m.codes_offset, scales.data() + m.scales_offset,
+                       packed.data() + m.codes_offset, scale.data() + m.scales_offset);
   });
   return out;
 }
