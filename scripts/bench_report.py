@@ -13,6 +13,9 @@
                                                                   floor/t of a pure read of the same bytes
   scripts/bench_report.py stages DECODE.json                      the README's breakdown of each decode row:
                                                                   each stage's us and each GEMM's TB/s
+  scripts/bench_report.py readme RUN                              the README's four tables and its JSON path
+                                                                  moved to run RUN (bench/results/RUN-decode.json,
+                                                                  -prefill, -sustained-decode, -sustained-prefill)
 
 A diagnostic run (`bench --no-l2-flush`, or a forced --tile, --kernel or --splits) makes no
 README table; `compare` takes it.
@@ -22,7 +25,9 @@ tables are the ones its "Latest run" JSON gives.
 """
 import argparse
 import json
+import re
 import sys
+from pathlib import Path
 
 # Marlin MoE on the same H200, whole flow in a CUDA graph (../shared/docs/PERF.md), a16 only.
 MARLIN_US = {
@@ -255,6 +260,44 @@ def compare(path_a, path_b):
     return lines
 
 
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+# The README's paragraph above its table names the run its tables come from.
+CITED_RUN = re.compile(r"(Latest run:.*?JSON: bench/results/)(\S+?)(-\*\.json)")
+
+
+def readme_tables(run, results=RESULTS):
+    """The README's tables of one run (its burst and sustained-load JSON in `results`), by name."""
+    burst = [str(results / f"{run}-{suite}.json") for suite in ("decode", "prefill")]
+    steady = [str(results / f"{run}-sustained-{suite}.json") for suite in ("decode", "prefill")]
+    return {"table": table(burst), "sustained-load table": sustained(burst, steady),
+            "targets table": targets(burst), "stage breakdown": stages(burst[:1])}
+
+
+def cited_run(readme):
+    match = CITED_RUN.search(readme)
+    if not match:
+        raise ReportError("the README has no 'Latest run: ... JSON: bench/results/<run>-*.json' line")
+    return match.group(2)
+
+
+def update_readme(readme_path, run, results=RESULTS):
+    """Replaces the README's tables of the run it cites with run `run`'s, and the JSON path it cites.
+    The prose around them (device, commit, ceilings, what moved) is left for a person to rewrite."""
+    readme = Path(readme_path).read_text(encoding="utf-8")
+    old = cited_run(readme)
+    new_tables = readme_tables(run, results)
+    for name, lines in readme_tables(old, results).items():
+        block = "\n".join(lines)
+        if block not in readme:
+            raise ReportError(f"{readme_path}: its {name} is not the one its cited run {old} gives; "
+                              "regenerate it by hand first")
+        readme = readme.replace(block, "\n".join(new_tables[name]), 1)
+    readme = CITED_RUN.sub(lambda m: m.group(1) + run + m.group(3), readme, count=1)
+    Path(readme_path).write_text(readme, encoding="utf-8")
+    return [f"{readme_path}: the table, sustained-load table, targets table and stage breakdown now come from "
+            f"{run} (was {old}); rewrite the 'Latest run:' paragraph's device, commit, date and ceilings by hand"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -270,6 +313,9 @@ def main(argv=None):
     c = sub.add_parser("compare", help="two bench JSON files row by row")
     c.add_argument("a")
     c.add_argument("b")
+    r = sub.add_parser("readme", help="the README's tables moved to another run of bench/results")
+    r.add_argument("run", help="the run's name in bench/results, e.g. 2026-12-06-9f7bbb3")
+    r.add_argument("--readme", default=str(RESULTS.parents[1] / "README.md"))
     args = parser.parse_args(argv)
     try:
         if args.command == "table":
@@ -280,6 +326,8 @@ def main(argv=None):
             lines = targets(args.json)
         elif args.command == "stages":
             lines = stages(args.json)
+        elif args.command == "readme":
+            lines = update_readme(args.readme, args.run)
         else:
             lines = compare(args.a, args.b)
     except ReportError as e:

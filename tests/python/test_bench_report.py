@@ -176,19 +176,42 @@ def test_a_diagnostic_run_makes_no_readme_table_but_compares(tmp_path):
     assert len(bench_report.table([str(path)])) == 3
 
 
-def test_readme_table_is_the_one_its_latest_run_gives():
+def write_run(results, run, us):
+    """A run of the four files the README's tables come from, decode rows with stage spans."""
+    decode = dict(row(us=us, floor_ratio=40.0 / us), bytes=16 * (bench_report.W13_BYTES + bench_report.W2_BYTES), streaming_read_us=70.0,
+                  stages_us=spans(permutation=1.0, GEMM1=49.0, GEMM2=71.0, combine=73.0))
+    for suite, rows in [("decode", [decode]), ("prefill", [row(tokens=4096, us=50 * us, floor_ratio=60.0 / us)]),
+                        ("sustained-decode", [row(us=us + 4.0)]), ("sustained-prefill", [row(tokens=4096, us=60 * us)])]:
+        (results / f"{run}-{suite}.json").write_text(json.dumps({"commit": run, "rows": rows}))
+
+
+def test_readme_moves_every_table_and_the_json_path_to_another_run(tmp_path):
+    write_run(tmp_path, "old", 80.0)
+    write_run(tmp_path, "new", 75.0)
+    prose = "Latest run: NVIDIA H200, commit old. JSON: bench/results/old-*.json, more."
+    old_tables = bench_report.readme_tables("old", tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text("# k3moe\n\n" + "\n\ntext\n\n".join("\n".join(t) for t in old_tables.values())
+                      + "\n\n" + prose + "\n", encoding="utf-8")
+    bench_report.update_readme(readme, "new", tmp_path)
+    text = readme.read_text(encoding="utf-8")
+    assert bench_report.cited_run(text) == "new"
+    assert "Latest run: NVIDIA H200, commit old." in text  # the prose is a person's to rewrite
+    for name, lines in bench_report.readme_tables("new", tmp_path).items():
+        assert "\n".join(lines) in text, name
+        assert "\n".join(old_tables[name]) not in text, name
+    # A README whose table is not its cited run's is refused, and left as it was.
+    readme.write_text(text.replace("| 75.0 |", "| 75.1 |"), encoding="utf-8")
+    with pytest.raises(bench_report.ReportError, match=r"its table is not the one its cited run new gives"):
+        bench_report.update_readme(readme, "old", tmp_path)
+    assert bench_report.cited_run(readme.read_text(encoding="utf-8")) == "new"
+    with pytest.raises(bench_report.ReportError, match=r"missing-decode\.json: cannot read"):
+        bench_report.update_readme(readme, "missing", tmp_path)
+
+
+def test_readme_tables_are_the_ones_its_latest_run_gives():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    match = re.search(r"Latest run:.*?JSON: bench/results/(\S+?)-\*\.json", readme)
-    assert match, "README.md has no 'Latest run: ... JSON: bench/results/<run>-*.json' line"
-    run = ROOT / "bench" / "results" / match.group(1)
-    files = [str(run) + f"-{suite}.json" for suite in ("decode", "prefill")]
-    expected = "\n".join(bench_report.table(files))
-    assert expected in readme, "README.md's table differs from scripts/bench_report.py table " + " ".join(files)
-    steady = [str(run) + f"-sustained-{suite}.json" for suite in ("decode", "prefill")]
-    expected = "\n".join(bench_report.sustained(files, steady))
-    assert expected in readme, ("README.md's sustained-load table differs from scripts/bench_report.py sustained "
-                                + " ".join(files) + " --sustained " + " ".join(steady))
-    expected = "\n".join(bench_report.targets(files))
-    assert expected in readme, "README.md's targets table differs from scripts/bench_report.py targets " + " ".join(files)
-    expected = "\n".join(bench_report.stages(files[:1]))
-    assert expected in readme, "README.md's stage breakdown differs from scripts/bench_report.py stages " + files[0]
+    run = bench_report.cited_run(readme)
+    for name, lines in bench_report.readme_tables(run).items():
+        assert "\n".join(lines) in readme, (f"README.md's {name} differs from the one bench/results/{run}-*.json "
+                                             "give (scripts/bench_report.py table|sustained|targets|stages)")
