@@ -110,8 +110,9 @@ KernelLayout to_kernel_layout(const RankExperts& experts) {
                    std::vector<uint8_t>(sizes.w2_codes), std::vector<uint8_t>(sizes.w2_scales)};
   for_each_expert_matrix(c, experts.num_local, [&](int e, const MatrixView& m) {
     const auto [packed, scale] = m.is_w13 ? std::tie(experts.w13_packed, experts.w13_scale)
-                                           : std::tie(experts.w2_packed, experts.w2_scale);
-    const auto [codes, scales] = m.is_w13 ? std::tie(out.w13_codes, out.w13_scales) : std::tie(out.w2_codes, out.w2_scales);
+                                          : std::tie(experts.w2_packed, experts.w2_scale);
+    const auto [codes, scales] = m.is_w13 ? std::tie(out.w13_codes, out.w13_scales)
+                                          : std::tie(out.w2_codes, out.w2_scales);
     matrix_to_kernel(m, packed.data() + m.codes_offset, scale.data() + m.scales_offset,
                      codes.data() + m.codes_offset, scales.data() + m.scales_offset, experts.first_expert + e, c);
   });
@@ -130,8 +131,10 @@ RankExperts from_kernel_layout(const KernelLayout& in, const MoeConfig& c, int l
     K3MOE_CHECK(int64_t(bytes) == expected, "from_kernel_layout: ", name, " holds ", bytes, " bytes, the config (H ",
                 c.hidden, ", I ", c.intermediate, ", ", ep.num_local(c.num_experts), " local experts) needs ", expected);
   for_each_expert_matrix(c, out.num_local, [&](int, const MatrixView& m) {
-    const auto [codes, scales] = m.is_w13 ? std::tie(in.w13_codes, in.w13_scales) : std::tie(in.w2_codes, in.w2_scales);
-    const auto [packed, scale] = m.is_w13 ? std::tie(out.w13_packed, out.w13_scale) : std::tie(out.w2_packed, out.w2_scale);
+    const auto [codes, scales] = m.is_w13 ? std::tie(in.w13_codes, in.w13_scales)
+                                          : std::tie(in.w2_codes, in.w2_scales);
+    const auto [packed, scale] = m.is_w13 ? std::tie(out.w13_packed, out.w13_scale)
+                                          : std::tie(out.w2_packed, out.w2_scale);
     matrix_from_kernel(m, codes.data() + m.codes_offset, scales.data() + m.scales_offset,
                        packed.data() + m.codes_offset, scale.data() + m.scales_offset);
   });
