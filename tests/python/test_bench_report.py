@@ -216,3 +216,13 @@ def test_readme_tables_are_the_ones_its_latest_run_gives():
     for name, lines in bench_report.readme_tables(run).items():
         assert "\n".join(lines) in readme, (f"README.md's {name} differs from the one bench/results/{run}-*.json "
                                              "give (scripts/bench_report.py table|sustained|targets|stages)")
+
+
+def test_readme_h100_targets_table_is_the_one_its_json_gives():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### On an H100", 1)[1].split("\n## ", 1)[0]
+    match = re.search(r"JSON: bench/results/(\S+?)-\*\.json", section)
+    assert match, "README.md's H100 section cites no 'JSON: bench/results/<run>-*.json'"
+    files = [str(ROOT / "bench" / "results" / f"{match.group(1)}-{suite}.json") for suite in ("decode", "prefill")]
+    assert "\n".join(bench_report.targets(files)) in section, (
+        f"README.md's H100 targets table differs from scripts/bench_report.py targets {' '.join(files)}")
