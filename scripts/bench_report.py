@@ -8,6 +8,11 @@
   scripts/bench_report.py compare A.json B.json                   per row: A and B us, B / A - 1, floor/t,
                                                                   and each run's SM clock (median MHz / share
                                                                   under the power cap) where it was sampled
+  scripts/bench_report.py ab --a A1.json [A2.json ...] --b B1.json [B2.json ...] [--tolerance PCT]
+                                                                  rounds of two builds (scripts/ab.sh --json-dir):
+                                                                  per row each build's us per round and the change
+                                                                  of B's mean over A's, then a verdict: B faster in
+                                                                  sum and no row slower by more than PCT (0.3)
   scripts/bench_report.py targets DECODE.json [PREFILL.json ...]  the README's table of issues 4 and 5's
                                                                   targets against the run's floor/t, and the
                                                                   floor/t of a pure read of the same bytes
@@ -24,6 +29,7 @@ Only the standard library; tests/python/test_bench_report.py checks them and tha
 tables are the ones its "Latest run" JSON gives.
 """
 import argparse
+import collections
 import json
 import re
 import sys
@@ -260,6 +266,40 @@ def compare(path_a, path_b):
     return lines
 
 
+def ab(paths_a, paths_b, tolerance_pct=0.3):
+    """Rounds of an A/B (each path one bench run of one build). Rows that only one build ran are
+    listed and left out of the verdict."""
+    runs = {"A": collections.defaultdict(list), "B": collections.defaultdict(list)}
+    for build, paths in (("A", paths_a), ("B", paths_b)):
+        for path in paths:
+            for r in load_rows(path, diagnostic_ok=True):
+                runs[build][key(r)].append(r["us"])
+    lines = [f"{'shape':8} {'T':>5} {'mode':6} {'A us (rounds)':>24} {'B us (rounds)':>24} {'B/A-1':>8}"]
+    slower, sum_a, sum_b = [], 0.0, 0.0
+    for k in sorted(set(runs["A"]) | set(runs["B"])):
+        a, b = runs["A"].get(k, []), runs["B"].get(k, [])
+        shown = [" ".join(f"{us:.1f}" for us in x) or "-" for x in (a, b)]
+        if not a or not b:
+            lines.append(f"{k[0]:8} {k[1]:5} {k[2]:6} {shown[0]:>24} {shown[1]:>24} {'(A only)' if a else '(B only)':>8}")
+            continue
+        mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+        change = 100.0 * (mean_b / mean_a - 1.0)
+        sum_a, sum_b = sum_a + mean_a, sum_b + mean_b
+        if change > tolerance_pct:
+            slower.append(f"{k[0]} T={k[1]} {k[2]} ({change:+.1f}%)")
+        lines.append(f"{k[0]:8} {k[1]:5} {k[2]:6} {shown[0]:>24} {shown[1]:>24} {change:+7.1f}%")
+    if sum_a == 0.0:
+        raise ReportError("the A/B has no row that both builds ran")
+    total = f"sum of the rows' means {sum_a:.1f} -> {sum_b:.1f} us ({100.0 * (sum_b / sum_a - 1.0):+.1f}%)"
+    if slower:
+        lines.append(f"verdict: B is slower by more than {tolerance_pct}% in {', '.join(slower)}; {total}")
+    elif sum_b < sum_a:
+        lines.append(f"verdict: B is faster in sum and slower by more than {tolerance_pct}% in no row; {total}")
+    else:
+        lines.append(f"verdict: B is not faster in sum; {total}")
+    return lines
+
+
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 # The README's paragraph above its table names the run its tables come from.
 CITED_RUN = re.compile(r"(Latest run:.*?JSON: bench/results/)(\S+?)(-\*\.json)")
@@ -313,6 +353,10 @@ def main(argv=None):
     c = sub.add_parser("compare", help="two bench JSON files row by row")
     c.add_argument("a")
     c.add_argument("b")
+    a = sub.add_parser("ab", help="rounds of two builds (scripts/ab.sh --json-dir): per row and a verdict")
+    a.add_argument("--a", nargs="+", required=True, help="build A's bench JSON files, one per round")
+    a.add_argument("--b", nargs="+", required=True, help="build B's bench JSON files, one per round")
+    a.add_argument("--tolerance", type=float, default=0.3, help="percent by which B may be slower in a row")
     r = sub.add_parser("readme", help="the README's tables moved to another run of bench/results")
     r.add_argument("run", help="the run's name in bench/results, e.g. 2026-12-06-9f7bbb3")
     r.add_argument("--readme", default=str(RESULTS.parents[1] / "README.md"))
@@ -326,6 +370,8 @@ def main(argv=None):
             lines = targets(args.json)
         elif args.command == "stages":
             lines = stages(args.json)
+        elif args.command == "ab":
+            lines = ab(args.a, args.b, args.tolerance)
         elif args.command == "readme":
             lines = update_readme(args.readme, args.run)
         else:

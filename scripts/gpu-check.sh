@@ -118,7 +118,7 @@ if want bench; then
   rc=$?
   record bench "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(( $(date +%s) - start )) s"
   [ $rc = 0 ] || status=1
-  echo; cat "$out/bench-decode.log" "$out/bench-prefill.log" | grep -vE '^\s*generate|^\r' | tail -n 30
+  echo; cat "$out/bench-decode.log" "$out/bench-prefill.log" | grep -vE $'^[[:space:]]*generate|^\r' | tail -n 30
 fi
 
 # The same suites in the GPU's steady state: every timed series after 1 s of back-to-back calls.
@@ -133,7 +133,7 @@ if want sustained; then
   rc=$?
   record "bench, sustained load" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(( $(date +%s) - start )) s"
   [ $rc = 0 ] || status=1
-  echo; cat "$out/sustained-decode.log" "$out/sustained-prefill.log" | grep -vE '^\s*generate|^\r' | tail -n 30
+  echo; cat "$out/sustained-decode.log" "$out/sustained-prefill.log" | grep -vE $'^[[:space:]]*generate|^\r' | tail -n 30
 fi
 
 echo

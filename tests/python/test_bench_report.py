@@ -6,6 +6,7 @@ The last test holds the README to the run it cites: its table must be the one th
 import importlib.util
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,72 @@ def test_compare_shows_each_runs_clock_where_it_was_sampled(tmp_path):
     c = write(tmp_path, "c.json", [counted])
     d = write(tmp_path, "d.json", [unsampled])
     assert bench_report.compare(c, d)[1].split()[-2:] == ["1709/34%", "1709/-"]
+
+
+def test_ab_gives_each_builds_rounds_and_a_verdict(tmp_path):
+    a = [write(tmp_path, f"A-r{r}.json", [row(tokens=8, us=100.0 + r), row(tokens=16, us=200.0)]) for r in (1, 2)]
+    b = [write(tmp_path, f"B-r{r}.json", [row(tokens=8, us=95.0 + r), row(tokens=16, us=200.4)]) for r in (1, 2)]
+    lines = bench_report.ab(a, b)
+    t8 = next(line for line in lines if line.split()[:2] == ["local28", "8"])
+    assert t8.split()[3:8] == ["101.0", "102.0", "96.0", "97.0", "-4.9%"]
+    assert lines[-1].startswith("verdict: B is faster in sum and slower by more than 0.3% in no row; "
+                                "sum of the rows' means 301.5 -> 296.9 us")
+    # A row slower by more than the tolerance decides, however much the others gain.
+    assert lines[-1] != bench_report.ab(a, b, tolerance_pct=0.1)[-1]
+    assert bench_report.ab(a, b, tolerance_pct=0.1)[-1].startswith(
+        "verdict: B is slower by more than 0.1% in local28 T=16 a16 (+0.2%)")
+    assert bench_report.ab(a, a)[-1].startswith("verdict: B is not faster in sum")
+
+
+def test_ab_lists_rows_of_one_build_and_needs_a_common_row(tmp_path):
+    a = write(tmp_path, "A-r1.json", [row(tokens=1, us=80.0), row(tokens=8, us=100.0)])
+    b = write(tmp_path, "B-r1.json", [row(tokens=8, us=99.0), row(tokens=32, us=70.0)])
+    lines = bench_report.ab([a], [b])
+    assert any("(A only)" in line and " 1 " in line for line in lines)
+    assert any("(B only)" in line and " 32 " in line for line in lines)
+    assert "sum of the rows' means 100.0 -> 99.0 us" in lines[-1]
+    c = write(tmp_path, "C-r1.json", [row(tokens=64)])
+    with pytest.raises(bench_report.ReportError, match="no row that both builds ran"):
+        bench_report.ab([a], [c])
+
+
+FAKE_K3MOE = """#!/usr/bin/env python3
+import json, sys
+args = sys.argv[1:]
+us = {us}
+print("generate inputs ...")
+print("row us", us)
+with open("{log}", "a") as f:
+    f.write("{label} " + " ".join(args) + "\\n")
+if "--json" in args:
+    json.dump({{"rows": [{{"shape": "local28", "tokens": 8, "mode": "a16", "us": us, "floor_ratio": 0.8,
+                          "active_experts": 16.0, "us_with_routing": us, "tb_s": 1.0, "tflop_s": 1.0,
+                          "read_ratio": 0.9, "baseline_us": 0.0, "speedup": 0.0}}]}},
+              open(args[args.index("--json") + 1], "w"))
+"""
+
+
+def test_ab_script_alternates_the_order_and_ends_with_the_verdict(tmp_path):
+    log = tmp_path / "calls.log"
+    bins = []
+    for label, us in (("A", 100.0), ("B", 98.0)):
+        path = tmp_path / f"k3moe_{label}"
+        path.write_text(FAKE_K3MOE.format(us=us, log=log, label=label))
+        path.chmod(0o755)
+        bins.append(str(path))
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "ab.sh"), *bins, "2", "--json-dir", str(tmp_path / "ab"),
+                             "--shape", "local28", "--tokens", "8"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["A", "B", "B", "A"]
+    assert all(c.split()[1:6] == ["bench", "--no-baseline", "--shape", "local28", "--tokens"] for c in calls)
+    assert sorted(p.name for p in (tmp_path / "ab").iterdir()) == ["A-r1.json", "A-r2.json", "B-r1.json", "B-r2.json"]
+    # The input generator's progress is left out, the bench's own lines (one starting with r) are not.
+    assert "generate" not in result.stdout and result.stdout.count("row us") == 4
+    assert result.stdout.splitlines()[-1].startswith("verdict: B is faster in sum")
+    refused = subprocess.run(["bash", str(ROOT / "scripts" / "ab.sh"), *bins, "1", "--json-dir", str(tmp_path / "x"),
+                              "--json", "y.json"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "drop --json" in refused.stderr
 
 
 def test_sustained_sets_each_case_beside_its_burst_row(tmp_path):
