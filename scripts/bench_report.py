@@ -275,7 +275,7 @@ def ab(paths_a, paths_b, tolerance_pct=0.3):
             for r in load_rows(path, diagnostic_ok=True):
                 runs[build][key(r)].append(r["us"])
     lines = [f"{'shape':8} {'T':>5} {'mode':6} {'A us (rounds)':>24} {'B us (rounds)':>24} {'B/A-1':>8}"]
-    slower, sum_a, sum_b = [], 0.0, 0.0
+    slower, compared, sum_a, sum_b = [], 0, 0.0, 0.0
     for k in sorted(set(runs["A"]) | set(runs["B"])):
         a, b = runs["A"].get(k, []), runs["B"].get(k, [])
         shown = [" ".join(f"{us:.1f}" for us in x) or "-" for x in (a, b)]
@@ -283,12 +283,14 @@ def ab(paths_a, paths_b, tolerance_pct=0.3):
             lines.append(f"{k[0]:8} {k[1]:5} {k[2]:6} {shown[0]:>24} {shown[1]:>24} {'(A only)' if a else '(B only)':>8}")
             continue
         mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+        if mean_a <= 0.0:
+            raise ReportError(f"{k[0]} T={k[1]} {k[2]}: build A's time is {mean_a} us, expected a positive time")
         change = 100.0 * (mean_b / mean_a - 1.0)
-        sum_a, sum_b = sum_a + mean_a, sum_b + mean_b
+        compared, sum_a, sum_b = compared + 1, sum_a + mean_a, sum_b + mean_b
         if change > tolerance_pct:
             slower.append(f"{k[0]} T={k[1]} {k[2]} ({change:+.1f}%)")
         lines.append(f"{k[0]:8} {k[1]:5} {k[2]:6} {shown[0]:>24} {shown[1]:>24} {change:+7.1f}%")
-    if sum_a == 0.0:
+    if compared == 0:
         raise ReportError("the A/B has no row that both builds ran")
     total = f"sum of the rows' means {sum_a:.1f} -> {sum_b:.1f} us ({100.0 * (sum_b / sum_a - 1.0):+.1f}%)"
     if slower:

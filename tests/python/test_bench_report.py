@@ -102,6 +102,9 @@ def test_ab_lists_rows_of_one_build_and_needs_a_common_row(tmp_path):
     c = write(tmp_path, "C-r1.json", [row(tokens=64)])
     with pytest.raises(bench_report.ReportError, match="no row that both builds ran"):
         bench_report.ab([a], [c])
+    failed = write(tmp_path, "A-r2.json", [row(tokens=8, us=0.0)])
+    with pytest.raises(bench_report.ReportError, match="local28 T=8 a16: build A's time is 0.0 us"):
+        bench_report.ab([failed], [b])
 
 
 FAKE_K3MOE = """#!/usr/bin/env python3
