@@ -8,7 +8,9 @@
 # Odd rounds run A first, even rounds B first. Prints each round's output (ceilings, rows), labelled
 # A or B; `--no-baseline` is added (the baseline is the same for both builds). With --json-dir, each
 # run's JSON goes to DIR/A-rN.json or DIR/B-rN.json, and the end prints `scripts/bench_report.py ab`
-# over them: per row each build's us per round, B's change, and a verdict.
+# over them: per row each build's us per round, B's change, and a verdict. A binary with a
+# BUILT_FROM file beside it (scripts/prebuild-for-gpu.sh writes one) runs with --commit from it,
+# unless the options name a commit.
 source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
 set -uo pipefail
 
@@ -32,6 +34,14 @@ if [ -n "$json_dir" ]; then
     [ "$arg" = --json ] && { echo "ab.sh: --json-dir names each run's JSON; drop --json" >&2; exit 2; }
   done
 fi
+commit_given=0
+for arg in "$@"; do [ "$arg" = --commit ] && commit_given=1; done
+# --commit from the BUILT_FROM beside a binary, or nothing.
+commit_of() {
+  local built_from
+  built_from="$(dirname "$1")/BUILT_FROM"
+  ((commit_given == 0)) && [ -f "$built_from" ] && echo --commit "$(head -n 1 "$built_from")"
+}
 
 status=0
 for ((r = 1; r <= rounds; ++r)); do
@@ -44,7 +54,8 @@ for ((r = 1; r <= rounds; ++r)); do
     [ -n "$json_dir" ] && json=(--json "$json_dir/$label-r$r.json")
     echo "-- round $r $label ($bin)"
     # Every line but the input generator's progress (as gpu-check.sh prints it): new shapes too.
-    "$bin" bench --no-baseline "$@" "${json[@]}" | grep -vE $'^[[:space:]]*generate|^\r' || status=1
+    # shellcheck disable=SC2046  # two words or none
+    "$bin" bench --no-baseline "$@" "${json[@]}" $(commit_of "$bin") | grep -vE $'^[[:space:]]*generate|^\r' || status=1
   done
 done
 if [ -n "$json_dir" ]; then

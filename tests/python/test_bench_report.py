@@ -127,16 +127,20 @@ def test_ab_script_alternates_the_order_and_ends_with_the_verdict(tmp_path):
     log = tmp_path / "calls.log"
     bins = []
     for label, us in (("A", 100.0), ("B", 98.0)):
-        path = tmp_path / f"k3moe_{label}"
+        (tmp_path / label).mkdir()
+        path = tmp_path / label / "k3moe"
         path.write_text(FAKE_K3MOE.format(us=us, log=log, label=label))
         path.chmod(0o755)
         bins.append(str(path))
+    (tmp_path / "A" / "BUILT_FROM").write_text("abc1234\n")
     result = subprocess.run(["bash", str(ROOT / "scripts" / "ab.sh"), *bins, "2", "--json-dir", str(tmp_path / "ab"),
                              "--shape", "local28", "--tokens", "8"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     calls = log.read_text().splitlines()
     assert [c.split()[0] for c in calls] == ["A", "B", "B", "A"]
     assert all(c.split()[1:6] == ["bench", "--no-baseline", "--shape", "local28", "--tokens"] for c in calls)
+    # A's BUILT_FROM names its commit in its runs; B has none.
+    assert all(c.endswith("--commit abc1234") == c.startswith("A") for c in calls)
     assert sorted(p.name for p in (tmp_path / "ab").iterdir()) == ["A-r1.json", "A-r2.json", "B-r1.json", "B-r2.json"]
     # The input generator's progress is left out, the bench's own lines (one starting with r) are not.
     assert "generate" not in result.stdout and result.stdout.count("row us") == 4
@@ -144,6 +148,11 @@ def test_ab_script_alternates_the_order_and_ends_with_the_verdict(tmp_path):
     refused = subprocess.run(["bash", str(ROOT / "scripts" / "ab.sh"), *bins, "1", "--json-dir", str(tmp_path / "x"),
                               "--json", "y.json"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "drop --json" in refused.stderr
+    log.unlink()
+    named = subprocess.run(["bash", str(ROOT / "scripts" / "ab.sh"), *bins, "1", "--commit", "def5678"],
+                           capture_output=True, text=True, timeout=60)
+    assert named.returncode == 0, named.stderr
+    assert all(c.endswith("--commit def5678") for c in log.read_text().splitlines())
 
 
 def test_sustained_sets_each_case_beside_its_burst_row(tmp_path):
