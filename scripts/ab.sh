@@ -35,7 +35,7 @@ if [ -n "$json_dir" ]; then
   done
 fi
 commit_given=0
-for arg in "$@"; do [ "$arg" = --commit ] && commit_given=1; done
+for arg in "$@"; do [[ $arg == --commit || $arg == --commit=* ]] && commit_given=1; done
 # --commit from the BUILT_FROM beside a binary, or nothing.
 commit_of() {
   local built_from

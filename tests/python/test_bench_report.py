@@ -152,7 +152,13 @@ def test_ab_script_alternates_the_order_and_ends_with_the_verdict(tmp_path):
     named = subprocess.run(["bash", str(ROOT / "scripts" / "ab.sh"), *bins, "1", "--commit", "def5678"],
                            capture_output=True, text=True, timeout=60)
     assert named.returncode == 0, named.stderr
-    assert all(c.endswith("--commit def5678") for c in log.read_text().splitlines())
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and all(c.endswith("--commit def5678") for c in calls)
+    log.unlink()
+    subprocess.run(["bash", str(ROOT / "scripts" / "ab.sh"), *bins, "1", "--commit=def5678"], check=True,
+                   capture_output=True, timeout=60)
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and all(c.endswith("--commit=def5678") for c in calls)
 
 
 def test_sustained_sets_each_case_beside_its_burst_row(tmp_path):
