@@ -12,6 +12,7 @@
 # BUILT_FROM file beside it (scripts/prebuild-for-gpu.sh writes one) runs with --commit from it,
 # unless the options name a commit.
 source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/bench_output.sh"
 set -uo pipefail
 
 usage="usage: scripts/ab.sh A_BIN B_BIN ROUNDS [--json-dir DIR] [bench options...]"
@@ -53,9 +54,9 @@ for ((r = 1; r <= rounds; ++r)); do
     json=()
     [ -n "$json_dir" ] && json=(--json "$json_dir/$label-r$r.json")
     echo "-- round $r $label ($bin)"
-    # Every line but the input generator's progress (as gpu-check.sh prints it): new shapes too.
+    # Every line but the input generator's progress: new shapes too.
     # shellcheck disable=SC2046  # two words or none
-    "$bin" bench --no-baseline "$@" "${json[@]}" $(commit_of "$bin") | grep -vE $'^[[:space:]]*generate|^\r' || status=1
+    "$bin" bench --no-baseline "$@" "${json[@]}" $(commit_of "$bin") | drop_input_progress || status=1
   done
 done
 if [ -n "$json_dir" ]; then

@@ -14,6 +14,7 @@
 # Without it, the build needs the DLPack header: either installed, or libdlpack-dev*.deb in .deps/
 # (unpacked into .deps/prefix, never into /).
 source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/bench_output.sh"
 set -uo pipefail
 
 out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--site DIR] [--steps LIST] [--commit SHA] [--pack]}
@@ -118,7 +119,7 @@ if want bench; then
   rc=$?
   record bench "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(( $(date +%s) - start )) s"
   [ $rc = 0 ] || status=1
-  echo; cat "$out/bench-decode.log" "$out/bench-prefill.log" | grep -vE $'^[[:space:]]*generate|^\r' | tail -n 30
+  echo; cat "$out/bench-decode.log" "$out/bench-prefill.log" | drop_input_progress | tail -n 30
 fi
 
 # The same suites in the GPU's steady state: every timed series after 1 s of back-to-back calls.
@@ -133,7 +134,7 @@ if want sustained; then
   rc=$?
   record "bench, sustained load" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$(( $(date +%s) - start )) s"
   [ $rc = 0 ] || status=1
-  echo; cat "$out/sustained-decode.log" "$out/sustained-prefill.log" | grep -vE $'^[[:space:]]*generate|^\r' | tail -n 30
+  echo; cat "$out/sustained-decode.log" "$out/sustained-prefill.log" | drop_input_progress | tail -n 30
 fi
 
 echo
