@@ -6,11 +6,16 @@
 #include <algorithm>
 
 #include "k3moe/error.h"
+#include "runtime/cuda_check.h"
 #include <cmath>
 #include <cstdio>
 
 namespace k3moe {
 namespace {
+
+// Memory bandwidth per SM up to which 128-row units from a wave on pay (choose_kernels): between
+// an H100 SXM's 25 GB/s and an H200's 36.
+constexpr double kHalfUnitsUpToBytesPerSmS = 30e9;
 
 
 // Persistent CTAs take units (token tile x 256 weight rows x K range) from a counter, and the
@@ -70,7 +75,17 @@ kernels::TokenTile tile_of(GemmKernel kernel, int tokens) {
 
 }  // namespace
 
-KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, int sm_count, GemmKernel forced_kernel,
+GpuTraits GpuTraits::of_device(int device) {
+  GpuTraits g;
+  int clock_khz = 0, bus_bits = 0;
+  K3MOE_CUDA_CHECK(cudaDeviceGetAttribute(&g.sm_count, cudaDevAttrMultiProcessorCount, device));
+  K3MOE_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
+  K3MOE_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+  g.memory_bytes_per_s = 2.0 * clock_khz * 1e3 * bus_bits / 8.0;
+  return g;
+}
+
+KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, const GpuTraits& gpu, GemmKernel forced_kernel,
                             int forced_tile) {
   KernelChoice k;
   const double local = ep.num_local(c.num_experts);
@@ -86,6 +101,7 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   // 216.0 / 232.2); at 22.9 rows (T = 40) a third of the experts need a second tile and wgmma wins
   // (218-220 / 235-236 against 250 / 258-261); at 13.7 rows 16-token tiles win (bench/NOTES.md,
   // Session 15).
+  const int sm_count = gpu.sm_count;
   const bool wgmma = forced_kernel == GemmKernel::Wgmma ||
                      (forced_kernel == GemmKernel::Auto && rows > 20.0 && wgmma_units >= sm_count);
   if (forced_tile != 0) {
@@ -160,10 +176,19 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, i
   // 188.3-188.9 / 203.4-204.4, both 184.3-185.2 / 199.3-201.2 (H100s, Session 54); under sustained
   // load at the power cap they ran 3-4 % slower in a16 (the protocol times bursts; PlanOptions can
   // force 256 rows).
+  // From a wave on, only where each SM gets at most an H100's share of memory bandwidth (H100 SXM:
+  // 3.35 TB/s over 132 SMs, 25 GB/s each). On an H200 (4.8 TB/s, 36 GB/s each) 256-row units there
+  // were faster, and 128-row ones below a quarter wave still were; same run, 3 rounds, main's rule
+  // -> 256 rows from a wave, a16 / mxfp8 us: local28 T = 8 131.0-131.3 / 130.8-131.7 -> 129.3-129.8 /
+  // 130.1-131.0, T = 16 167.0-168.3 / 167.4-168.3 -> 154.8-156.0 / 155.2-155.9, ep16 T = 256
+  // 252.1-253.8 / 254.9-256.9 -> 245.7-246.3 / 247.0-247.5, ep32 T = 64 88.0-88.1 / 88.1-88.5 ->
+  // 87.2-87.6 / 87.3-87.4; 256 rows at ep32 T = 8 too: 36.0-36.2 / 36.2-36.6 -> 36.8-36.9 / 37.5-37.7
+  // (bench/NOTES.md, Session 63).
+  const bool halves_pay = gpu.memory_bytes_per_s <= kHalfUnitsUpToBytesPerSmS * gpu.sm_count;
   const bool few_units = units1 < 0.25 * target;
   const bool tile8 = k.token_tile == kernels::TokenTile::T8, tile16 = k.token_tile == kernels::TokenTile::T16;
   const int half = kernels::kGemmHalfUnitRows;
-  if ((tile8 && (units1 >= target || few_units)) || (tile16 && units1 >= target)) {
+  if ((tile8 && few_units) || (halves_pay && (tile8 || tile16) && units1 >= target)) {
     if (c.hidden % kernels::unit_chunk_k(half) == 0) k.gemm1_unit_rows = half;
     if ((few_units || tile16) && c.intermediate % kernels::unit_chunk_k(half) == 0) k.gemm2_unit_rows = half;
     k.gemm1_splits = std::min(k.gemm1_splits, c.hidden / kernels::unit_chunk_k(k.gemm1_unit_rows));
@@ -199,8 +224,8 @@ std::string KernelChoice::describe() const {
   return buf;
 }
 
-KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, int sm_count) {
-  KernelChoice k = choose_kernels(o.config, o.ep, int(tokens), sm_count, o.gemm_kernel, o.token_tile);
+KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, const GpuTraits& gpu) {
+  KernelChoice k = choose_kernels(o.config, o.ep, int(tokens), gpu, o.gemm_kernel, o.token_tile);
   if (kernels::tile_uses_wgmma(k.token_tile)) return k;
   // 128-row units where the tile and K allow them.
   const auto unit_rows = [&](int forced, int chosen, int K) {

@@ -9,6 +9,14 @@
 
 namespace k3moe {
 
+// What the choices take from the GPU: its SMs and its memory's peak bandwidth.
+struct GpuTraits {
+  int sm_count = 0;
+  double memory_bytes_per_s = 0.0;  // memory clock x bus width x 2 (0: unknown, taken as an H100's)
+
+  static GpuTraits of_device(int device);
+};
+
 struct KernelChoice {
   kernels::TokenTile token_tile = kernels::TokenTile::T8;
   // mma.sync: warps per CTA of both GEMMs (8: 32-token tiles at prefill, 2 m-tiles per warp);
@@ -42,10 +50,10 @@ struct KernelChoice {
 // unit's wgmmas are only as wide as its tile's rows (an expert's last tile's remainder; every T
 // since Session 22). No choice depends on the mode. The split cost model: heuristics.cpp.
 // `forced_kernel` and `forced_tile` (PlanOptions) fix either; the rest is chosen for them.
-KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, int sm_count,
+KernelChoice choose_kernels(const MoeConfig& config, ExpertParallel ep, int tokens, const GpuTraits& gpu,
                             GemmKernel forced_kernel = GemmKernel::Auto, int forced_tile = 0);
 // What a MoePlan of these options runs at `tokens`: the heuristic's choice with the options'
 // overrides (forced kernel, tile, K splits) applied.
-KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, int sm_count);
+KernelChoice kernel_choice(const PlanOptions& o, int64_t tokens, const GpuTraits& gpu);
 
 }  // namespace k3moe

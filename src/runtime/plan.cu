@@ -43,10 +43,10 @@ struct Workspace {
   float* y = nullptr;               // [splits2][T K, H] fp32
 
   // Buffers for `tokens` tokens from `base`; with base == nullptr, only counts the bytes.
-  static int64_t carve(Workspace* w, char* base, const PlanOptions& o, int64_t tokens, int sm_count) {
+  static int64_t carve(Workspace* w, char* base, const PlanOptions& o, int64_t tokens, const GpuTraits& gpu) {
     const int64_t T = tokens, K = o.config.top_k, H = o.config.hidden, I = o.config.intermediate;
     const int64_t local = o.config.num_experts / o.ep.size;
-    const KernelChoice choice = kernel_choice(o, tokens, sm_count);
+    const KernelChoice choice = kernel_choice(o, tokens, gpu);
     int64_t offset = 0;
     auto take = [&](auto*& ptr, int64_t bytes) {
       ptr = base ? reinterpret_cast<std::remove_reference_t<decltype(ptr)>>(base + offset) : nullptr;
@@ -83,7 +83,8 @@ void check_token_count(const MoeConfig& c, int64_t T, const char* what) {
 
 struct MoePlan::Impl {
   PlanOptions options;
-  int num_local = 0, first_expert = 0, sm_count = 0;
+  int num_local = 0, first_expert = 0;
+  GpuTraits gpu;
   DeviceBuffer workspace_buffer;
   Workspace ws;
 };
@@ -125,7 +126,7 @@ MoePlan MoePlan::create(const PlanOptions& o) {
   for (const int rows : {o.gemm1_unit_rows, o.gemm2_unit_rows})
     K3MOE_CHECK(rows == 0 || rows == kernels::kGemmHalfUnitRows || rows == kernels::kGemmRowsPerCta,
                 "gemm unit rows must be 0 (automatic), 128 or 256, got ", rows);
-  if (o.token_tile != 0) choose_kernels(o.config, o.ep, 1, 1, o.gemm_kernel, o.token_tile);  // a clear error if unknown
+  if (o.token_tile != 0) choose_kernels(o.config, o.ep, 1, {1}, o.gemm_kernel, o.token_tile);  // a clear error if unknown
   K3MOE_CHECK(c.hidden % kernels::kGemmKMultiple == 0 && c.intermediate % kernels::kGemmKMultiple == 0,
               "the expert GEMMs need H and I to be multiples of ", kernels::kGemmKMultiple, ", got H = ", c.hidden,
               ", I = ", c.intermediate);
@@ -149,7 +150,7 @@ MoePlan MoePlan::create(const PlanOptions& o) {
   impl->options = o;
   impl->num_local = num_local;
   impl->first_expert = o.ep.first_expert(c.num_experts);
-  impl->sm_count = prop.multiProcessorCount;
+  impl->gpu = GpuTraits::of_device(o.device);
   DeviceGuard guard(o.device);
   kernels::configure_expert_gemm_kernels();
   kernels::configure_permute_kernel();
@@ -157,7 +158,7 @@ MoePlan MoePlan::create(const PlanOptions& o) {
     // The K splits change with T: size the workspace for the largest need up to max_tokens.
     int64_t bytes = 0;
     for (int t = 1; t <= o.max_tokens; ++t)
-      bytes = std::max(bytes, Workspace::carve(&impl->ws, nullptr, o, t, impl->sm_count));
+      bytes = std::max(bytes, Workspace::carve(&impl->ws, nullptr, o, t, impl->gpu));
     impl->workspace_buffer = DeviceBuffer(bytes);
   }
   return MoePlan(std::move(impl));
@@ -206,12 +207,12 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   if (args.topk_weights || !from_logits) check_tensor(args.topk_weights, "topk_weights", kF32, {T, K}, o.device);
   if (args.stage_times) check_device_memory(args.stage_times, o.device, 8, "stage_times");
   if (T == 0) return;
-  const KernelChoice choice = kernel_choice(o, T, p.sm_count);
-  if (choice.gemm1_splits > 1) kernels::check_activation_rows(T * K, c.intermediate, p.sm_count);
+  const KernelChoice choice = kernel_choice(o, T, p.gpu);
+  if (choice.gemm1_splits > 1) kernels::check_activation_rows(T * K, c.intermediate, p.gpu.sm_count);
 
   DeviceGuard guard(o.device);
   Workspace ws;
-  Workspace::carve(&ws, workspace ? static_cast<char*>(workspace) : p.workspace_buffer.get<char>(), o, T, p.sm_count);
+  Workspace::carve(&ws, workspace ? static_cast<char*>(workspace) : p.workspace_buffer.get<char>(), o, T, p.gpu);
   int32_t* ids = args.topk_ids ? data_ptr<int32_t>(args.topk_ids) : ws.route_ids;
   float* weights = args.topk_weights ? data_ptr<float>(args.topk_weights) : ws.route_weights;
   const auto times = [&](ForwardStage s) { return args.stage_times ? args.stage_times + int(s) : nullptr; };
@@ -252,7 +253,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
                              .N = 2 * c.intermediate,
                              .K = c.hidden,
                              .splits = choice.gemm1_splits,
-                             .sm_count = p.sm_count,
+                             .sm_count = p.gpu.sm_count,
                              .act_rows = T,
                              .unit_rows = choice.gemm1_unit_rows};
   g1.weights_once = choice.weights_once;
@@ -261,7 +262,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   kernels::launch_expert_gemm1(g1, out1, choice.token_tile, choice.gemm1_warps, stream);
   if (choice.gemm1_splits > 1) {
     kernels::ActivationArgs act{ws.h, rows * 2 * c.intermediate, choice.gemm1_splits, ws.expert_offset, p.num_local,
-                                int(rows), p.sm_count, c.intermediate, ws.inter, o.mode, o.activation,
+                                int(rows), p.gpu.sm_count, c.intermediate, ws.inter, o.mode, o.activation,
                                 o.activation_params};
     act.release_early = choice.activation_beside_gemm1;
     act.times = times(ForwardStage::Activation);
@@ -336,7 +337,7 @@ int64_t MoePlan::workspace_bytes() const { return impl_->workspace_buffer.bytes(
 int64_t MoePlan::workspace_bytes(int tokens) const {
   check_token_count(impl_->options.config, tokens, "workspace_bytes: ");
   Workspace unused;
-  return Workspace::carve(&unused, nullptr, impl_->options, tokens, impl_->sm_count);
+  return Workspace::carve(&unused, nullptr, impl_->options, tokens, impl_->gpu);
 }
 
 std::string MoePlan::describe(int tokens) const {
@@ -345,11 +346,13 @@ std::string MoePlan::describe(int tokens) const {
   std::ostringstream out;
   out << "mode " << to_string(o.mode) << ", activation " << to_string(o.activation) << ", EP rank " << o.ep.rank
       << "/" << o.ep.size << " (" << impl_->num_local << " local experts from " << impl_->first_expert << ")\n"
+      << "GPU: " << impl_->gpu.sm_count << " SMs, memory " << impl_->gpu.memory_bytes_per_s / 1e12
+      << " TB/s peak\n"
       << "routing: one CTA of 4 warps per token, top-" << o.config.top_k << " of " << o.config.num_experts << "\n"
       << (o.mode == Mode::Mxfp8 ? "MXFP8 quantization of x: once per token, on blocks of the permutation's launch\n"
                                 : "")
       << "permutation: one CTA, deterministic (t, k) order\n"
-      << kernel_choice(o, tokens, impl_->sm_count).describe() << "\n"
+      << kernel_choice(o, tokens, impl_->gpu).describe() << "\n"
       << "combine: "
       << (tokens >= kernels::kCombineThreadPerOutputsFrom ? "one thread per 4 outputs" : "a lane group per 4 outputs")
       << ", fp32, a fixed pairwise order over the slots\n"

@@ -20,6 +20,8 @@ namespace k3moe {
 namespace {
 
 using testing::graph_config;
+
+constexpr GpuTraits kH100{132, 2.0 * 2619e6 * 5120 / 8};  // H100 SXM: 128-row units where the heuristic gives them
 using testing::Inputs;
 
 TEST(UnitRows, HalfUnitsGiveTheBitsOfWholeOnes) {
@@ -44,7 +46,7 @@ TEST(UnitRows, HalfUnitsGiveTheBitsOfWholeOnes) {
           o.gemm2_splits = 1;
           o.gemm1_unit_rows = o.gemm2_unit_rows = half ? kernels::kGemmHalfUnitRows : kernels::kGemmRowsPerCta;
           const MoePlan plan = MoePlan::create(o);
-          const KernelChoice k = kernel_choice(o, T, 132);
+          const KernelChoice k = kernel_choice(o, T, kH100);
           ASSERT_EQ(kernels::tile_tokens(k.token_tile), tile);
           ASSERT_EQ(k.gemm1_unit_rows, o.gemm1_unit_rows);
           ASSERT_EQ(k.gemm2_unit_rows, o.gemm2_unit_rows);
@@ -65,18 +67,18 @@ TEST(UnitRows, HalfUnitsOnlyWhereTheTileAndKAllowThem) {
   PlanOptions o{c, 4096, Mode::A16, Activation::Situ, c.activation_params, {1, 0}, 0};
   o.gemm1_unit_rows = o.gemm2_unit_rows = kernels::kGemmHalfUnitRows;
   o.gemm1_splits = 8;
-  KernelChoice k = kernel_choice(o, 17, 132);
+  KernelChoice k = kernel_choice(o, 17, kH100);
   EXPECT_EQ(k.gemm1_unit_rows, 128);
   EXPECT_EQ(k.gemm2_unit_rows, 128);
   EXPECT_EQ(k.gemm1_splits, 2) << "K = 512 holds two chunks of 256";
   EXPECT_NE(k.describe().find("units of 128 (GEMM1) and 128 (GEMM2) weight rows"), std::string::npos) << k.describe();
-  EXPECT_EQ(kernel_choice(o, 60, 132).token_tile, kernels::TokenTile::T16);
-  EXPECT_EQ(kernel_choice(o, 60, 132).gemm1_unit_rows, 128);
+  EXPECT_EQ(kernel_choice(o, 60, kH100).token_tile, kernels::TokenTile::T16);
+  EXPECT_EQ(kernel_choice(o, 60, kH100).gemm1_unit_rows, 128);
   // 24-token tiles, and K = 384 (not a multiple of 256): 256-row units.
-  EXPECT_EQ(kernel_choice(o, 80, 132).token_tile, kernels::TokenTile::T24);
-  EXPECT_EQ(kernel_choice(o, 80, 132).gemm1_unit_rows, 256);
+  EXPECT_EQ(kernel_choice(o, 80, kH100).token_tile, kernels::TokenTile::T24);
+  EXPECT_EQ(kernel_choice(o, 80, kH100).gemm1_unit_rows, 256);
   o.config.hidden = 384;
-  k = kernel_choice(o, 17, 132);
+  k = kernel_choice(o, 17, kH100);
   EXPECT_EQ(k.gemm1_unit_rows, 256);
   EXPECT_EQ(k.gemm2_unit_rows, 128);
 }
