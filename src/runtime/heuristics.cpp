@@ -17,7 +17,6 @@ namespace {
 // an H100 SXM's 25 GB/s and an H200's 36.
 constexpr double kHalfUnitsUpToBytesPerSmS = 30e9;
 
-
 // Persistent CTAs take units (token tile x 256 weight rows x K range) from a counter, and the
 // copy pipeline runs on across units, so the time of a GEMM is about the chunks (128 of K) of
 // the most loaded CTA: ceil(units s / ctas) ceil(chunks / s) for s K ranges. The s with the fewest
