@@ -39,9 +39,8 @@ commit_given=0
 for arg in "$@"; do [[ $arg == --commit || $arg == --commit=* ]] && commit_given=1; done
 # --commit from the BUILT_FROM beside a binary, or nothing.
 commit_of() {
-  local built_from
-  built_from="$(dirname "$1")/BUILT_FROM"
-  ((commit_given == 0)) && [ -f "$built_from" ] && echo --commit "$(head -n 1 "$built_from")"
+  local commit
+  ((commit_given == 0)) && commit=$(built_from "$(dirname "$1")") && echo --commit "$commit"
 }
 
 status=0

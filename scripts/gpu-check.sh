@@ -9,6 +9,8 @@
 # --bin DIR: a directory holding prebuilt `k3moe` and `k3moe_gpu_tests` (skips the build).
 # --site DIR: the PyTorch binding installed there by `K3MOE_SITE_OUT=DIR scripts/python-check.sh`
 # (the python step then tests it without building it).
+# --commit SHA: the commit the JSON records (default: the BUILT_FROM in --bin's directory, else the
+# checkout's HEAD).
 # --pack: at the end, the logs (and OUTDIR/python) go into OUTDIR/logs.tgz, so that OUTDIR holds
 # six files (the device tool brings back a limited number of files per call).
 # Without it, the build needs the DLPack header: either installed, or libdlpack-dev*.deb in .deps/
@@ -19,7 +21,7 @@ set -uo pipefail
 
 out=${1:?usage: scripts/gpu-check.sh OUTDIR [--bin DIR] [--site DIR] [--steps LIST] [--commit SHA] [--pack]}
 shift
-bin="" site="" steps="tests,python,validate,sanitize,bench,sustained" commit=$(git rev-parse HEAD 2>/dev/null || echo unknown) pack=0
+bin="" site="" steps="tests,python,validate,sanitize,bench,sustained" commit="" pack=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -30,6 +32,9 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+if [ -z "$commit" ]; then
+  commit=$([ -n "$bin" ] && built_from "$bin") || commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+fi
 mkdir -p "$out"
 root=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONUNBUFFERED=1

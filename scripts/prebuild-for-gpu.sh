@@ -5,7 +5,7 @@
 # K3MOE_SITE_OUT, against scripts/torch-venv.sh's torch; its no-GPU tests run too). OUTDIR/BUILT_FROM
 # names the commit (with -dirty for uncommitted changes). Then, on the GPU machine (carry OUTDIR;
 # the device tool carries at most 64 MiB, this is ~35 MB):
-#   scripts/gpu-check.sh $OUT/gc --bin OUTDIR --site OUTDIR/site --commit SHA --pack
+#   scripts/gpu-check.sh $OUT/gc --bin OUTDIR --site OUTDIR/site --pack   (commit: OUTDIR/BUILT_FROM)
 #
 #   scripts/prebuild-for-gpu.sh [OUTDIR]      (default: .gpu-bin/<commit>, ignored by git)
 source "$(dirname "${BASH_SOURCE[0]}")/usage.sh"

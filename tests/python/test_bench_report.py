@@ -5,6 +5,7 @@ The last test holds the README to the run it cites: its table must be the one th
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -311,3 +312,27 @@ def test_readme_h100_targets_table_is_the_one_its_json_gives():
     files = [str(ROOT / "bench" / "results" / f"{match.group(1)}-{suite}.json") for suite in ("decode", "prefill")]
     assert "\n".join(bench_report.targets(files)) in section, (
         f"README.md's H100 targets table differs from scripts/bench_report.py targets {' '.join(files)}")
+
+
+def test_gpu_check_records_the_commit_a_prebuilt_directory_names(tmp_path):
+    log = tmp_path / "calls.log"
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "k3moe"
+    fake.write_text(f'#!/bin/bash\necho "$@" >> {log}\necho "236 cases, 0 failed"; echo\n')
+    fake.chmod(0o755)
+    script = str(ROOT / "scripts" / "gpu-check.sh")
+
+    def commit_of_run(*options):
+        log.unlink(missing_ok=True)
+        result = subprocess.run(["bash", script, str(tmp_path / "out"), "--steps", "validate", *options],
+                                capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                                env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tmp_path.parent)})
+        assert result.returncode == 0, result.stdout + result.stderr
+        args = log.read_text().split()
+        return args[args.index("--commit") + 1]
+
+    # Without BUILT_FROM: the HEAD of the checkout it runs in, here none.
+    assert commit_of_run("--bin", str(tmp_path / "bin")) == "unknown"
+    (tmp_path / "bin" / "BUILT_FROM").write_text("abc1234\n")
+    assert commit_of_run("--bin", str(tmp_path / "bin")) == "abc1234"
+    assert commit_of_run("--bin", str(tmp_path / "bin"), "--commit", "def5678") == "def5678"
