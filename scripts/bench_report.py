@@ -60,11 +60,14 @@ class ReportError(Exception):
 
 
 def diagnostic_settings(run):
-    """What makes a run a diagnostic rather than the protocol: `bench --no-l2-flush`, or a forced
-    tile, kernel or K split (the JSON's `forced`; not the shipped choice)."""
+    """What makes a run a diagnostic rather than the protocol: `bench --no-l2-flush` or
+    `--idle-launch`, or a forced tile, kernel or K split (the JSON's `forced`; not the shipped
+    choice)."""
     found = []
     if run.get("protocol", {}).get("l2_flush") is False:
         found.append("--no-l2-flush")
+    if str(run.get("protocol", {}).get("launch", "")).startswith("idle"):
+        found.append("--idle-launch")
     forced = run.get("forced", {})
     if forced.get("tile", 0):
         found.append(f"--tile {forced['tile']}")

@@ -4,7 +4,10 @@
 // within ~100 ms and the SM clock drops from 1980 MHz to 1.05-1.98 GHz; bench/NOTES.md, Session 28).
 // With a ClockWatch the SM clock is sampled (NVML: also the memory clock) while the timed
 // calls run, and counted after each call (the probe). With an L2Flush, L2 is emptied before each
-// timed call and the GPU is idle again before its start event (l2_flush.h).
+// timed call and the GPU is idle again before its start event (l2_flush.h). Each timed call is
+// enqueued behind a held stream (launch_gate.h), so its events time the GPU's work from its first
+// kernel, not the host's submission; `k3moe bench --idle-launch` times from an idle stream instead,
+// as runs up to Session 63's did.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,6 +19,7 @@
 #include "clock_probe.h"
 #include "gpu_clock.h"
 #include "l2_flush.h"
+#include "launch_gate.h"
 #include "k3moe/error.h"
 #include "runtime/cuda_check.h"
 
@@ -27,6 +31,10 @@ struct ClockWatch {
   ClockSampler* nvml = nullptr;
   ClockProbe* probe = nullptr;
 };
+
+// How every timed call of this process starts; `k3moe bench` sets it once from --idle-launch.
+enum class Launch { Held, Idle };
+inline Launch timed_launch = Launch::Held;
 
 struct Timing {
   double median_ms = 0.0;
@@ -62,17 +70,22 @@ Timing time_ms(cudaStream_t stream, int warmup, int repeats, Fn&& fn, double sus
   ClockProbe* const probe = watch.probe;
   K3MOE_CHECK(probe == nullptr || probe->capacity() >= repeats, "the clock probe holds ",
               probe ? probe->capacity() : 0, " calls, the series times ", repeats);
+  LaunchGate& gate = process_launch_gate();
+  const bool held = timed_launch == Launch::Held;
   if (clock != nullptr) clock->start();
   for (int i = 0; i < repeats; ++i) {
     if (flush != nullptr) {
       flush->run(stream);
       K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
+    if (held) gate.hold(stream);
     K3MOE_CUDA_CHECK(cudaEventRecord(start, stream));
     fn(warmup + i);
     K3MOE_CUDA_CHECK(cudaEventRecord(stop, stream));
     if (probe != nullptr) probe->launch(stream, i);
+    if (held) gate.release();
     K3MOE_CUDA_CHECK(cudaEventSynchronize(stop));
+    if (held) gate.check();
     if (clock != nullptr) end_ms.push_back(clock->elapsed_ms());
     float t = 0.0f;
     K3MOE_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));

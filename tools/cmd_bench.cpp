@@ -113,6 +113,7 @@ struct Options {
   bool explain = false;
   bool stages = false;
   bool no_clock = false;
+  bool idle_launch = false;  // time each call from an idle stream: the host's submission counts (up to Session 63)
   bool per_set = false;
   bool no_l2_flush = false;  // a diagnostic: each timed replay meets what the previous one left in L2
   double sustain_ms = 0.0;  // 0: burst timing (a few warm-up calls); > 0: steady state under load
@@ -353,6 +354,7 @@ std::string today() {
 }
 
 void bench(const Options& o) {
+  timed_launch = o.idle_launch ? Launch::Idle : Launch::Held;
   std::vector<Case> cases;
   for (const Case& c : suite(o.suite)) {
     if (!o.shape.empty() && c.shape != o.shape) continue;
@@ -399,6 +401,12 @@ void bench(const Options& o) {
                 o.sustain_ms);
   else
     std::printf("timing: burst (a few warm-up calls; a series longer than ~0.1 s reaches the power cap: see capped)\n");
+  if (o.idle_launch)
+    std::printf("launch: each timed call enqueued on an idle stream (--idle-launch): the host's submission counts "
+                "in its time, as in runs up to Session 63's\n");
+  else
+    std::printf("launch: each timed call enqueued behind a held stream: its events time the GPU's work, not the "
+                "host's submission\n");
   if (o.no_l2_flush)
     std::printf("L2: NOT emptied before the timed replays (--no-l2-flush): each meets what the one before it left "
                 "there, dirty lines included (a diagnostic, not the protocol)\n");
@@ -458,11 +466,14 @@ void bench(const Options& o) {
                      {"warmup", kWarmup},
                      {"repeats", kRepeats},
                      {"timing", "CUDA graph replay, events; before each timed replay L2 emptied (reads of 4x its "
-                                "size) and the GPU idle; us = the mean over the input sets of each set's median "
+                                "size) and the GPU idle, then (launch: held) the stream held until the replay and its "
+                                "events are enqueued; us = the mean over the input sets of each set's median "
                                 "replay (repeats / input_sets each), floor_us = the mean of the sets' floors (up to "
                                 "8b1ab48's run: the median of 40 mixed replays, us_series_median here, no L2 flush, "
                                 "inputs seeded per mode)"},
                      {"l2_flush", !o.no_l2_flush},
+                     {"launch", o.idle_launch ? "idle: the host's submission inside the events (runs up to Session 63's)"
+                                              : "held: the GPU's work only"},
                      {"sustain_ms", o.sustain_ms},
                      {"sm_clock", probe == nullptr ? "not measured: --no-clock"
                                   : "counted_*: clock64 over the global timer after each timed replay; the rest: "
@@ -552,6 +563,10 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--no-l2-flush", o->no_l2_flush,
                 "A diagnostic: do not empty L2 before each timed replay, so that each meets what the previous one "
                 "left there (clean and dirty lines), as runs up to 8b1ab48's did");
+  cmd->add_flag("--idle-launch", o->idle_launch,
+                "Enqueue each timed call on an idle stream, so that the host's submission (a graph launch: a few us) "
+                "counts in its time, as runs up to Session 63's did; by default the stream is held until the call and "
+                "its events are enqueued");
   cmd->add_flag("--no-clock", o->no_clock,
                 "Do not measure the SM clock (NVML samples during the timed series, a probe after each call)");
   cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");

@@ -245,6 +245,8 @@ def test_a_diagnostic_run_makes_no_readme_table_but_compares(tmp_path):
     protocol = write(tmp_path, "protocol.json", [row(us=100.0)])
     for name, extra, named in [
         ("no_flush.json", {"protocol": {"l2_flush": False}}, "--no-l2-flush"),
+        ("idle_launch.json", {"protocol": {"launch": "idle: the host's submission inside the events"}},
+         "--idle-launch"),
         ("tile.json", {"forced": {"tile": 24, "kernel": "auto", "splits": []}}, "--tile 24"),
         ("kernel.json", {"forced": {"tile": 0, "kernel": "wgmma", "splits": []}}, "--kernel wgmma"),
         ("splits.json", {"forced": {"tile": 0, "kernel": "auto", "splits": [2, 0]}}, "--splits 2,0"),
@@ -257,7 +259,8 @@ def test_a_diagnostic_run_makes_no_readme_table_but_compares(tmp_path):
         assert "+10.0%" in "\n".join(bench_report.compare(protocol, str(path)))
     # The protocol's own flags, written out, are no diagnostic.
     path = tmp_path / "defaults.json"
-    path.write_text(json.dumps({"commit": "abc", "rows": [row()], "protocol": {"l2_flush": True},
+    path.write_text(json.dumps({"commit": "abc", "rows": [row()],
+                                "protocol": {"l2_flush": True, "launch": "held: the GPU's work only"},
                                 "forced": {"tile": 0, "kernel": "auto", "splits": [0]}}))
     assert len(bench_report.table([str(path)])) == 3
 
