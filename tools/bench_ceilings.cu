@@ -41,7 +41,7 @@ double copy_tb_s(cudaStream_t stream, double sustain_ms, ClockWatch clock, Clock
   fill_random<<<1024, 256, 0, stream>>>(a.get(), bytes, 8, 1);
   const Timing t = time_ms(stream, 3, 20, [&](int) {
     K3MOE_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream));
-  }, sustain_ms, clock);
+  }, sustain_ms, clock, nullptr, Launch::Idle);
   *clock_summary = t.clock;
   return 2.0 * double(bytes) / (t.median_ms * 1e-3) / 1e12;
 }

@@ -473,7 +473,7 @@ void bench(const Options& o) {
                                 "inputs seeded per mode)"},
                      {"l2_flush", !o.no_l2_flush},
                      {"launch", o.idle_launch ? "idle: the host's submission inside the events (runs up to Session 63's)"
-                                              : "held: the GPU's work only"},
+                                              : "held: the GPU's work only (the copy ceiling's 4 GiB memcpy: idle)"},
                      {"sustain_ms", o.sustain_ms},
                      {"sm_clock", probe == nullptr ? "not measured: --no-clock"
                                   : "counted_*: clock64 over the global timer after each timed replay; the rest: "
