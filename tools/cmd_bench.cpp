@@ -564,9 +564,9 @@ void register_bench(CLI::App& app) {
                 "A diagnostic: do not empty L2 before each timed replay, so that each meets what the previous one "
                 "left there (clean and dirty lines), as runs up to 8b1ab48's did");
   cmd->add_flag("--idle-launch", o->idle_launch,
-                "Enqueue each timed call on an idle stream, so that the host's submission (a graph launch: a few us) "
-                "counts in its time, as runs up to Session 63's did; by default the stream is held until the call and "
-                "its events are enqueued");
+                "Enqueue each timed call on an idle stream, so that the host's submission (0.2-0.8 us of a decode "
+                "forward on an H100) counts in its time, as runs up to Session 63's did; by default the stream is "
+                "held until the call and its events are enqueued");
   cmd->add_flag("--no-clock", o->no_clock,
                 "Do not measure the SM clock (NVML samples during the timed series, a probe after each call)");
   cmd->add_flag("--explain", o->explain, "Print each case's plan: the kernels the heuristic chose and why");
