@@ -59,7 +59,7 @@ void sustain(cudaStream_t stream, double sustain_ms, Fn&& fn) {
 
 // A call whose enqueueing can wait for the GPU cannot be timed behind a held stream: a 4 GiB
 // cudaMemcpyAsync is queued in pieces, and the host stalled on it until the gate gave up (Session 64).
-// Such a call passes Launch::Idle; its time (a millisecond) does not notice a launch's few us.
+// Such a call passes Launch::Idle; its time (a millisecond) does not notice the launch's < 1 us.
 template <class Fn>
 Timing time_ms(cudaStream_t stream, int warmup, int repeats, Fn&& fn, double sustain_ms = 0.0,
                ClockWatch watch = {}, const L2Flush* flush = nullptr, Launch launch = Launch::Held) {
@@ -73,22 +73,22 @@ Timing time_ms(cudaStream_t stream, int warmup, int repeats, Fn&& fn, double sus
   ClockProbe* const probe = watch.probe;
   K3MOE_CHECK(probe == nullptr || probe->capacity() >= repeats, "the clock probe holds ",
               probe ? probe->capacity() : 0, " calls, the series times ", repeats);
-  LaunchGate& gate = process_launch_gate();
   const bool held = timed_launch == Launch::Held && launch == Launch::Held;
+  LaunchGate* const gate = held ? &process_launch_gate() : nullptr;
   if (clock != nullptr) clock->start();
   for (int i = 0; i < repeats; ++i) {
     if (flush != nullptr) {
       flush->run(stream);
       K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
-    if (held) gate.hold(stream);
+    if (held) gate->hold(stream);
     K3MOE_CUDA_CHECK(cudaEventRecord(start, stream));
     fn(warmup + i);
     K3MOE_CUDA_CHECK(cudaEventRecord(stop, stream));
     if (probe != nullptr) probe->launch(stream, i);
-    if (held) gate.release();
+    if (held) gate->release();
     K3MOE_CUDA_CHECK(cudaEventSynchronize(stop));
-    if (held) gate.check();
+    if (held) gate->check();
     if (clock != nullptr) end_ms.push_back(clock->elapsed_ms());
     float t = 0.0f;
     K3MOE_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
