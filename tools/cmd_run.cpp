@@ -18,6 +18,7 @@
 #include "k3moe/synthetic.h"
 #if K3MOE_WITH_CUDA
 #include "k3moe/plan.h"
+#include "bench_timing.h"
 #include "runtime/captured_graph.h"
 #include "runtime/cuda_stream.h"
 #include "runtime/device_tensor.h"
@@ -52,7 +53,8 @@ std::vector<float> router_logits(const Router& router, const std::vector<float>&
 }
 
 #if K3MOE_WITH_CUDA
-// The GPU forward, timed over a few CUDA-graph replays; returns the output and the median µs.
+// The GPU forward, timed over a few CUDA-graph replays as `k3moe bench` times them (each enqueued
+// behind a held stream, bench_timing.h); returns the output and the median µs.
 std::vector<double> gpu_forward(const RankExperts& experts, const MoeConfig& config, Mode mode, Activation activation,
                                 const std::vector<uint16_t>& x, const std::vector<float>& logits,
                                 const std::vector<float>& bias, int tokens, double* median_us, Routing* gpu_routing) {
@@ -80,23 +82,7 @@ std::vector<double> gpu_forward(const RankExperts& experts, const MoeConfig& con
   plan.forward(device, args, stream);
   K3MOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   const CapturedGraph graph(stream, [&] { plan.forward(device, args, stream); });
-  cudaEvent_t start, stop;
-  K3MOE_CUDA_CHECK(cudaEventCreate(&start));
-  K3MOE_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int i = 0; i < 21; ++i) {
-    K3MOE_CUDA_CHECK(cudaEventRecord(start, stream));
-    graph.launch(stream);
-    K3MOE_CUDA_CHECK(cudaEventRecord(stop, stream));
-    K3MOE_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    K3MOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
-  }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  *median_us = 1000.0 * times[times.size() / 2];
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  *median_us = 1000.0 * time_ms(stream, 1, 21, [&](int) { graph.launch(stream); }).median_ms;
 
   gpu_routing->tokens = tokens;
   gpu_routing->top_k = config.top_k;
@@ -200,7 +186,7 @@ void run(const RunOptions& o) {
     const std::vector<double> out = gpu_forward(experts, config, mode, activation, x, logits, router.bias, o.tokens,
                                                 &us, &gpu_routing);
     const Comparison vs_emulate = compare(out, emulate), vs_ideal = compare(out, ideal);
-    std::printf("  GPU forward (routing from logits included): %.1f us per forward (median of 21 graph replays)\n", us);
+    std::printf("  GPU forward (routing from logits included): %.1f us per forward (median of 21 graph replays, each timed from its first kernel)\n", us);
     std::printf("  routing ids %s the reference's\n", gpu_routing.ids == routing.ids ? "equal" : "DIFFER FROM");
     std::printf("  error vs the %s-emulating reference: rel-L2 %.3e, cosine %.8f\n", std::string(to_string(mode)).c_str(),
                 vs_emulate.rel_l2, vs_emulate.cosine);
