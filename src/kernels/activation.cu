@@ -47,17 +47,53 @@ __device__ __forceinline__ void discard_partial_sums(const ActivationArgs& a, ui
   }
 }
 
-// kLoadBatch: splits loaded together (2 kLoadBatch float4 in flight per thread). NOTE: the stage is
-// its CTAs' waves of one round of loads each (bench/NOTES.md, Session 22 Step 6), so registers set
-// its time: 4 holds 78-80 (3 CTAs of 256 per SM), 2 (for <= 2 splits, local28 T = 8-32) 48 (5 per
-// SM; 2 beside GEMM1's three 8-token CTAs when released early); local28 T = 8-32 -1..-2 us
-// (Session 23).
+// The gate and up halves of one item (4 outputs of a row): its splits' partial sums added in split
+// order, kLoadBatch splits loaded together (2 kLoadBatch float4 in flight per thread).
+template <int kLoadBatch>
+__device__ __forceinline__ void sum_splits(const ActivationArgs& a, const float* h, float4& g, float4& u) {
+  for (int s0 = 0; s0 < a.splits; s0 += kLoadBatch) {
+    float4 gate[kLoadBatch], up[kLoadBatch];
+#pragma unroll
+    for (int b = 0; b < kLoadBatch; ++b)
+      if (s0 + b < a.splits) {
+        gate[b] = *reinterpret_cast<const float4*>(h + (s0 + b) * a.split_stride);
+        up[b] = *reinterpret_cast<const float4*>(h + (s0 + b) * a.split_stride + a.intermediate);
+      }
+#pragma unroll
+    for (int b = 0; b < kLoadBatch; ++b)
+      if (s0 + b < a.splits) {
+        if (s0 + b == 0) {
+          g = gate[0];
+          u = up[0];
+        } else {
+          add4(g, gate[b]);
+          add4(u, up[b]);
+        }
+      }
+  }
+}
+
+// The same for at most 2 splits, in straight-line code: 32 registers for the kernel, where the loop
+// took 48.
+template <>
+__device__ __forceinline__ void sum_splits<2>(const ActivationArgs& a, const float* h, float4& g, float4& u) {
+  g = *reinterpret_cast<const float4*>(h);
+  u = *reinterpret_cast<const float4*>(h + a.intermediate);
+  if (a.splits == 2) {
+    add4(g, *reinterpret_cast<const float4*>(h + a.split_stride));
+    add4(u, *reinterpret_cast<const float4*>(h + a.split_stride + a.intermediate));
+  }
+}
+
+// NOTE: the stage is its CTAs' waves of one round of loads each (bench/NOTES.md, Session 22 Step 6),
+// so registers set its time: the 4-split kernel holds 80 (3 CTAs of 256 per SM), the 2-split one
+// (local28 T = 8-32) 32 beside GEMM1 (8 per SM; 3 fit beside GEMM1's three 8-token CTAs, where 48
+// let 2: at local28 T = 8, 128 rows x I / 4 items, one round instead of two for a third of them).
 // kDiscard: the partial sums' lines are dropped from L2 after use. The 2-split kernel then takes 62
-// registers at 4 CTAs per SM (at 48 it spills), too many for 2 of its CTAs beside GEMM1's three, so
-// the kernels beside GEMM1 do without (H100 local28 T = 32 -4 %, the H200 unmoved: bench/NOTES.md,
-// Session 50).
+// registers at 4 CTAs per SM (at 48 it spills), too many beside GEMM1's three CTAs, so the kernels
+// beside GEMM1 do without (H100 local28 T = 32 -4 %, the H200 unmoved: bench/NOTES.md, Session 50).
 template <int kLoadBatch, bool kDiscard>
-__global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? (kDiscard ? 4 : 5) : 3) activation_kernel(ActivationArgs a) {
+__global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? (kDiscard ? 4 : 8) : 3) activation_kernel(ActivationArgs a) {
   // NOTE: released early, GEMM2 launches while GEMM1 still runs: its CTAs take the SMs that GEMM1's
   // tail frees and stream their first weights there. They read this stage's output only after
   // their own wait, which covers this stage's end (and so GEMM1's).
@@ -74,30 +110,9 @@ __global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? (kDiscard ? 4 : 5)
   const uint32_t quads = uint32_t(a.intermediate / kVector);
   const uint32_t used = uint32_t(a.expert_offset[a.num_local]) * quads;
   for (uint32_t index = blockIdx.x * kThreads + threadIdx.x; index < used; index += gridDim.x * kThreads) {
-    const int64_t row = index / quads;
-    const int j = int(index % quads) * kVector;
-    const float* h = a.h + row * 2 * a.intermediate + j;
+    const uint32_t row = index / quads, j = (index - row * quads) * kVector;
     float4 g, u;
-    for (int s0 = 0; s0 < a.splits; s0 += kLoadBatch) {
-      float4 gate[kLoadBatch], up[kLoadBatch];
-#pragma unroll
-      for (int b = 0; b < kLoadBatch; ++b)
-        if (s0 + b < a.splits) {
-          gate[b] = *reinterpret_cast<const float4*>(h + (s0 + b) * a.split_stride);
-          up[b] = *reinterpret_cast<const float4*>(h + (s0 + b) * a.split_stride + a.intermediate);
-        }
-#pragma unroll
-      for (int b = 0; b < kLoadBatch; ++b)
-        if (s0 + b < a.splits) {
-          if (s0 + b == 0) {
-            g = gate[0];
-            u = up[0];
-          } else {
-            add4(g, gate[b]);
-            add4(u, up[b]);
-          }
-        }
-    }
+    sum_splits<kLoadBatch>(a, a.h + (int64_t(row) * 2 * a.intermediate + j), g, u);
     float v[kVector] = {fast_activation(a.activation, a.params, g.x, u.x),
                         fast_activation(a.activation, a.params, g.y, u.y),
                         fast_activation(a.activation, a.params, g.z, u.z),
@@ -105,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? (kDiscard ? 4 : 5)
     if (a.mode == Mode::Mxfp8) round_group_to_mxfp8<kVector, kGroupLanes>(v);
     const uint2 packed{uint32_t(float_to_bf16_bits(v[0])) | (uint32_t(float_to_bf16_bits(v[1])) << 16),
                        uint32_t(float_to_bf16_bits(v[2])) | (uint32_t(float_to_bf16_bits(v[3])) << 16)};
-    *reinterpret_cast<uint2*>(a.inter + row * a.intermediate + j) = packed;
+    *reinterpret_cast<uint2*>(a.inter + int64_t(row) * a.intermediate + j) = packed;
   }
   if constexpr (kDiscard) discard_partial_sums(a, used, quads);
   if (threadIdx.x == 0) mark_end(a.times);
@@ -138,7 +153,7 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream) {
   launch_dependent(kernel, dim3(unsigned(blocks)), kThreads, 0, stream, args);
 }
 
-int activation_ctas_beside_gemm1(int splits) { return two_split_kernel(splits) ? 2 : 1; }
+int activation_ctas_beside_gemm1(int splits) { return two_split_kernel(splits) ? 3 : 1; }
 
 cudaFuncAttributes activation_kernel_attributes(int splits) {
   cudaFuncAttributes attributes{};
