@@ -86,12 +86,13 @@ __device__ __forceinline__ void sum_splits<2>(const ActivationArgs& a, const flo
 }
 
 // NOTE: the stage is its CTAs' waves of one round of loads each (bench/NOTES.md, Session 22 Step 6),
-// so registers set its time: the 4-split kernel holds 80 (3 CTAs of 256 per SM), the 2-split one
-// (local28 T = 8-32) 32 beside GEMM1 (8 per SM; 3 fit beside GEMM1's three 8-token CTAs, where 48
-// let 2: at local28 T = 8, 128 rows x I / 4 items, one round instead of two for a third of them).
-// kDiscard: the partial sums' lines are dropped from L2 after use. The 2-split kernel then takes 62
-// registers at 4 CTAs per SM (at 48 it spills), too many beside GEMM1's three CTAs, so the kernels
-// beside GEMM1 do without (H100 local28 T = 32 -4 %, the H200 unmoved: bench/NOTES.md, Session 50).
+// so registers set its time: the 4-split kernel holds 72 (3 CTAs of 256 per SM), the 2-split one
+// (local28 T = 8-32) 32 beside GEMM1, 2 CTAs per SM: three fit beside GEMM1's three 8-token CTAs
+// (one round of loads at local28 T = 8), but ran 0.2-0.4 % slower there (bench/NOTES.md, Session 65).
+// kDiscard: the partial sums' lines are dropped from L2 after use (H100 local28 T = 32 -4 %, the
+// H200 unmoved: bench/NOTES.md, Session 50). The kernels beside GEMM1 do without: in the 2-split
+// kernel's loop the discards took 62 registers, too many there (44 since Session 65: not measured
+// beside GEMM1).
 template <int kLoadBatch, bool kDiscard>
 __global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? (kDiscard ? 4 : 8) : 3) activation_kernel(ActivationArgs a) {
   // NOTE: released early, GEMM2 launches while GEMM1 still runs: its CTAs take the SMs that GEMM1's
@@ -153,7 +154,7 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream) {
   launch_dependent(kernel, dim3(unsigned(blocks)), kThreads, 0, stream, args);
 }
 
-int activation_ctas_beside_gemm1(int splits) { return two_split_kernel(splits) ? 3 : 1; }
+int activation_ctas_beside_gemm1(int splits) { return two_split_kernel(splits) ? 2 : 1; }
 
 cudaFuncAttributes activation_kernel_attributes(int splits) {
   cudaFuncAttributes attributes{};

@@ -180,7 +180,7 @@ TEST(DequantizeMxfp8Kernel, EveryCodeTimesEveryKindOfScaleEqualsTheHost) {
 }
 
 // KernelChoice::activation_beside_gemm1 lets GEMM2 start in GEMM1's tail only if the activation's
-// CTAs (activation_ctas_beside_gemm1: 3 of the 2-split kernel, 1 of the other) are resident next to
+// CTAs (activation_ctas_beside_gemm1: 2 of the 2-split kernel, 1 of the other) are resident next to
 // the three CTAs of the 8-token GEMM1 (either unit size) on every SM (registers are allocated per
 // warp, in steps of 8 per thread; shared memory with a reserve per CTA); a kernel change that grows either kernel past
 // that would keep the results and silently lose the overlap (heuristics.cpp). The arithmetic only:
