@@ -94,7 +94,7 @@ __device__ __forceinline__ void sum_splits<2>(const ActivationArgs& a, const flo
 // kernel's loop the discards took 62 registers, too many there (44 since Session 65: not measured
 // beside GEMM1).
 template <int kLoadBatch, bool kDiscard>
-__global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? (kDiscard ? 4 : 8) : 3) activation_kernel(ActivationArgs a) {
+__global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? (kDiscard ? 4 : 5) : 3) activation_kernel(ActivationArgs a) {
   // NOTE: released early, GEMM2 launches while GEMM1 still runs: its CTAs take the SMs that GEMM1's
   // tail frees and stream their first weights there. They read this stage's output only after
   // their own wait, which covers this stage's end (and so GEMM1's).
