@@ -73,8 +73,8 @@ __device__ __forceinline__ void sum_splits(const ActivationArgs& a, const float*
   }
 }
 
-// The same for at most 2 splits, in straight-line code: 32 registers for the kernel, where the loop
-// took 48.
+// The same for at most 2 splits, in straight-line code: the kernels take 40 and 44 registers, where
+// the loop took 48 and 62.
 template <>
 __device__ __forceinline__ void sum_splits<2>(const ActivationArgs& a, const float* h, float4& g, float4& u) {
   g = *reinterpret_cast<const float4*>(h);
@@ -87,8 +87,9 @@ __device__ __forceinline__ void sum_splits<2>(const ActivationArgs& a, const flo
 
 // NOTE: the stage is its CTAs' waves of one round of loads each (bench/NOTES.md, Session 22 Step 6),
 // so registers set its time: the 4-split kernel holds 72 (3 CTAs of 256 per SM), the 2-split one
-// (local28 T = 8-32) 32 beside GEMM1, 2 CTAs per SM: three fit beside GEMM1's three 8-token CTAs
-// (one round of loads at local28 T = 8), but ran 0.2-0.4 % slower there (bench/NOTES.md, Session 65).
+// (local28 T = 8-32) 40 beside GEMM1, 2 CTAs per SM. Capped at 32, three fit beside GEMM1's three
+// 8-token CTAs (one round of loads at local28 T = 8), but ran 0.2-0.4 % slower there, and two of
+// them 0.6-0.8 us longer than at 40 (H100s, bench/NOTES.md, Session 65).
 // kDiscard: the partial sums' lines are dropped from L2 after use (H100 local28 T = 32 -4 %, the
 // H200 unmoved: bench/NOTES.md, Session 50). The kernels beside GEMM1 do without: in the 2-split
 // kernel's loop the discards took 62 registers, too many there (44 since Session 65: not measured

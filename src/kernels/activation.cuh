@@ -38,7 +38,7 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream);
 // Throws unless the stage's 32-bit indices hold max_rows x I / 4 items (what launch_activation
 // checks; MoePlan::forward checks it before it enqueues anything).
 void check_activation_rows(int64_t max_rows, int intermediate, int sm_count);
-// Released early: the CTAs per SM the stage runs for `splits` (2 of the 2-split kernel's 32
+// Released early: the CTAs per SM the stage runs for `splits` (2 of the 2-split kernel's 40
 // registers, 1 of the other's 72).
 int activation_ctas_beside_gemm1(int splits);
 // The resources (registers, shared memory) of the kernel that runs `splits` released early (beside

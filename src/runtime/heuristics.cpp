@@ -148,7 +148,7 @@ KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, c
                                             : choose_splits(units1, chunks1, target, kernels::kMaxActivationSplits, 1.5,
                                                             units1 < 0.5 * target ? 2.0 : 0.0);
   // NOTE: three 8-token CTAs (72-77 registers x 160 threads each) leave 27 K registers of an SM, room
-  // for one 256-thread activation CTA (72 registers; two of the 2-split kernel's 32, see
+  // for one 256-thread activation CTA (72 registers; two of the 2-split kernel's 40, see
   // activation_ctas_beside_gemm1), so GEMM2 can start in GEMM1's tail; the 16-
   // and 24-token CTAs leave less, and released early there GEMM2 waited as before while the stage
   // ran one CTA per SM (local28 T = 16 / 32 +5 / +4 %). Measured released early, a16 / mxfp8 us:
