@@ -91,9 +91,8 @@ __device__ __forceinline__ void sum_splits<2>(const ActivationArgs& a, const flo
 // 8-token CTAs (one round of loads at local28 T = 8), but ran 0.2-0.4 % slower there, and two of
 // them 0.6-0.8 us longer than at 40 (H100s, bench/NOTES.md, Session 65).
 // kDiscard: the partial sums' lines are dropped from L2 after use (H100 local28 T = 32 -4 %, the
-// H200 unmoved: bench/NOTES.md, Session 50). The kernels beside GEMM1 do without: in the 2-split
-// kernel's loop the discards took 62 registers, too many there (44 since Session 65: not measured
-// beside GEMM1).
+// H200 unmoved: bench/NOTES.md, Session 50). The kernels beside GEMM1 do without: there they ran
+// 0.3-0.8 % slower (local28 T = 8, ep32 T = 8 and 64; H100, Session 65).
 template <int kLoadBatch, bool kDiscard>
 __global__ void __launch_bounds__(kThreads, kLoadBatch == 2 ? (kDiscard ? 4 : 5) : 3) activation_kernel(ActivationArgs a) {
   // NOTE: released early, GEMM2 launches while GEMM1 still runs: its CTAs take the SMs that GEMM1's
