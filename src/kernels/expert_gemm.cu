@@ -454,11 +454,18 @@ void launch(const ExpertGemmArgs& a, const GemmOutput& out, cudaStream_t stream)
   launch_dependent(expert_gemm_kernel<T, kEpi>, ctas, T::kThreads, T::kSmemBytes, stream, a, out);
 }
 
+// NOTE: the largest shared-memory carveout, so that the activation stage's CTAs fit beside three
+// 8-token CTAs (KernelChoice::activation_beside_gemm1). Left to the driver, three 128-row CTAs
+// (199,296 bytes) got 196 KB and room for one of its CTAs, not two, on an H100 (bench/NOTES.md,
+// Session 65; timing within -0.4..+0.1 %).
 template <class T>
 void configure() {
   for (auto kernel : {expert_gemm_kernel<T, Epilogue::Activation>, expert_gemm_kernel<T, Epilogue::GateUpRows>,
-                      expert_gemm_kernel<T, Epilogue::Rows>})
+                      expert_gemm_kernel<T, Epilogue::Rows>}) {
     K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes));
+    K3MOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          cudaSharedmemCarveoutMaxShared));
+  }
 }
 
 // The CTA shapes launched: 4 warps x 4 m-tiles for every token tile, 8 warps x 2 m-tiles for
