@@ -86,7 +86,7 @@ __device__ __forceinline__ void sum_splits<2>(const ActivationArgs& a, const flo
 }
 
 // NOTE: the stage is its CTAs' waves of one round of loads each (bench/NOTES.md, Session 22 Step 6),
-// so registers set its time: the 4-split kernel holds 72 (3 CTAs of 256 per SM), the 2-split one
+// so registers set its time: the 4-split kernels hold 69-71 (3 CTAs of 256 per SM), the 2-split one
 // (local28 T = 8-32) 40 beside GEMM1, 2 CTAs per SM. Capped at 32, three fit beside GEMM1's three
 // 8-token CTAs (one round of loads at local28 T = 8), but ran 0.2-0.4 % slower there, and two of
 // them 0.6-0.8 us longer than at 40 (H100s, bench/NOTES.md, Session 65).

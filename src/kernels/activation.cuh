@@ -39,7 +39,7 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream);
 // checks; MoePlan::forward checks it before it enqueues anything).
 void check_activation_rows(int64_t max_rows, int intermediate, int sm_count);
 // Released early: the CTAs per SM the stage runs for `splits` (2 of the 2-split kernel's 40
-// registers, 1 of the other's 72).
+// registers, 1 of the other's 71).
 int activation_ctas_beside_gemm1(int splits);
 // The resources (registers, shared memory) of the kernel that runs `splits` released early (beside
 // GEMM1: the one that keeps its input in L2), for the test that activation_ctas_beside_gemm1(splits)
