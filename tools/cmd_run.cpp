@@ -186,7 +186,9 @@ void run(const RunOptions& o) {
     const std::vector<double> out = gpu_forward(experts, config, mode, activation, x, logits, router.bias, o.tokens,
                                                 &us, &gpu_routing);
     const Comparison vs_emulate = compare(out, emulate), vs_ideal = compare(out, ideal);
-    std::printf("  GPU forward (routing from logits included): %.1f us per forward (median of 21 graph replays, each timed from its first kernel)\n", us);
+    std::printf("  GPU forward (routing from logits included): %.1f us per forward (median of 21 graph replays, "
+                "each timed from its first kernel)\n",
+                us);
     std::printf("  routing ids %s the reference's\n", gpu_routing.ids == routing.ids ? "equal" : "DIFFER FROM");
     std::printf("  error vs the %s-emulating reference: rel-L2 %.3e, cosine %.8f\n", std::string(to_string(mode)).c_str(),
                 vs_emulate.rel_l2, vs_emulate.cosine);

@@ -3,9 +3,9 @@
 // it at once, and the time until the host's cudaGraphLaunch reaches the GPU counts as the call's
 // (0.2-0.8 us of a decode forward on an H100: bench/NOTES.md, Session 64). A deployment replays the
 // forward inside a larger graph, behind other kernels, where no host latency lies between them;
-// NVIDIA's nvbench holds its stream the same way. One thread spins on a host-written ticket; if the host never releases it (a timed
-// call that synchronizes its stream would do that), the kernel gives up after a second and
-// check() reports it.
+// NVIDIA's nvbench holds its stream the same way. One thread spins on a host-written ticket; if the
+// host never releases it (a timed call that synchronizes its stream would do that), the kernel
+// gives up after a second and check() reports it.
 #pragma once
 
 #include <cuda_runtime_api.h>
