@@ -162,6 +162,20 @@ def test_ab_script_alternates_the_order_and_ends_with_the_verdict(tmp_path):
     assert len(calls) == 2 and all(c.endswith("--commit=def5678") for c in calls)
 
 
+def test_prebuild_commit_refuses_a_name_that_is_no_commit_before_it_builds(tmp_path):
+    out = tmp_path / "out"
+    worktrees = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "prebuild-commit.sh"), "no-such-commit-k3moe", str(out)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "'no-such-commit-k3moe' names no commit" in result.stderr
+    assert not out.exists()
+    assert subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout == worktrees
+    extra = subprocess.run(["bash", str(ROOT / "scripts" / "prebuild-commit.sh"), "HEAD", str(out), "more"],
+                           capture_output=True, text=True, timeout=60)
+    assert extra.returncode == 2 and "usage:" in extra.stderr and not out.exists()
+
+
 def test_sustained_sets_each_case_beside_its_burst_row(tmp_path):
     burst = write(tmp_path, "burst.json", [row(tokens=1, us=80.0, floor_ratio=0.85), row(tokens=8, us=100.0)])
     steady = write(tmp_path, "steady.json", [row(tokens=1, us=84.0, floor_ratio=0.8)])
