@@ -232,15 +232,22 @@ void SafetensorsFile::Impl::parse_header() {
   std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end != b.end ? a.end < b.end : a.name < b.name;
   });
-  // Empty tensors occupy no bytes and cannot overlap anything.
-  const TensorInfo* reach = nullptr;  // the non-empty tensor ending furthest so far
+  // The format's rule: the tensors tile the data section, in offset order, with no overlap, no hole
+  // and nothing after them (so that no bytes hide in a file unread); an empty tensor sits at a
+  // boundary between two others.
+  const TensorInfo* previous = nullptr;
+  uint64_t covered = 0;
   for (const TensorInfo& t : tensors) {
-    if (t.begin == t.end) continue;
-    if (reach != nullptr && t.begin < reach->end)
-      K3MOE_FAIL(label, ": tensors '", reach->name, "' [", reach->begin, ", ", reach->end, ") and '", t.name, "' [",
-                 t.begin, ", ", t.end, ") overlap");
-    if (reach == nullptr || t.end > reach->end) reach = &t;
+    if (t.begin < covered)
+      K3MOE_FAIL(label, ": tensors '", previous->name, "' [", previous->begin, ", ", previous->end, ") and '", t.name,
+                 "' [", t.begin, ", ", t.end, ") overlap");
+    K3MOE_CHECK(t.begin == covered, label, ": bytes [", covered, ", ", t.begin, ") of the data section before tensor '",
+                t.name, "' belong to no tensor (safetensors allows no holes)");
+    covered = t.end;
+    previous = &t;
   }
+  K3MOE_CHECK(covered == data_size, label, ": the tensors cover ", covered, " bytes of the ", data_size,
+              "-byte data section; the last ", data_size - covered, " belong to no tensor (safetensors allows none)");
   for (size_t i = 0; i < tensors.size(); ++i) by_name.emplace(tensors[i].name, i);
 }
 

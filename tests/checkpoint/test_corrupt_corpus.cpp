@@ -128,7 +128,12 @@ std::vector<Case> corpus() {
        [](const fs::path& d) { edit_header(d / kShard1, [](json& h) { h["__metadata__"]["format"] = 1; }); },
        {kShard1, "__metadata__", "format", kFirstRead}},
       {"missing_tensor_in_shard",
-       [](const fs::path& d) { edit_header(d / kShard1, [](json& h) { h.erase(kTensor); }); },
+       [](const fs::path& d) {  // its bytes kept under another name: the shard itself stays valid
+         edit_header(d / kShard1, [](json& h) {
+           h["model.layers.1.self_attn.o_proj.weight"] = h[kTensor];
+           h.erase(kTensor);
+         });
+       },
        {kShard1, kTensor, "not found", kIndex}},
       {"missing_tensor_in_index",
        [](const fs::path& d) { edit_json_file(d / kIndex, [](json& j) { j["weight_map"].erase(kTensor); }); },
