@@ -5,6 +5,9 @@
 // message. The files read here nest a few levels, so deeper input is rejected while parsing.
 #pragma once
 
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -29,6 +32,10 @@ inline bool is_utf8(const std::string& text) {
   }
 }
 
+// The largest config.json or index read: a full Kimi-K3 index (~330k tensors) is tens of MB, and a
+// file of gigabytes is not one, whose whole text would be held in memory.
+inline constexpr uintmax_t kMaxJsonFileBytes = uintmax_t(256) << 20;
+
 // The text of a JSON file (config.json, the index). Anything but a regular file is an error, not a
 // read that could block (a FIFO) or never end (a device).
 inline std::string read_json_file(const std::filesystem::path& path) {
@@ -36,8 +43,12 @@ inline std::string read_json_file(const std::filesystem::path& path) {
   const auto status = std::filesystem::status(path, error);
   K3MOE_CHECK(!error, path.string(), ": cannot open: ", error.message());
   K3MOE_CHECK(std::filesystem::is_regular_file(status), path.string(), ": not a regular file");
+  const uintmax_t size = std::filesystem::file_size(path, error);
+  K3MOE_CHECK(!error, path.string(), ": cannot read its size: ", error.message());
+  K3MOE_CHECK(size <= kMaxJsonFileBytes, path.string(), ": ", size, " bytes, more than the ", kMaxJsonFileBytes,
+              " that a config.json or index may hold");
   std::ifstream in(path, std::ios::binary);
-  K3MOE_CHECK(in.good(), path.string(), ": cannot open");
+  K3MOE_CHECK(in.good(), path.string(), ": cannot open: ", std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
   K3MOE_CHECK(!in.bad(), path.string(), ": read error");
@@ -45,8 +56,9 @@ inline std::string read_json_file(const std::filesystem::path& path) {
 }
 
 // The parsed value, or a discarded value with `why` set: invalid JSON, nested deeper than
-// max_depth, a key twice in one object (readers would disagree on which value holds), or a NUL
-// byte (the parser would take it for the end of the text and ignore what follows).
+// max_depth, a key twice in one object (readers would disagree on which value holds), a NUL byte
+// (the parser would take it for the end of the text and ignore what follows), or a leading UTF-8
+// byte order mark (nlohmann::json skips it; Python's json and the safetensors reader reject it).
 inline nlohmann::json parse_bounded_json(std::string_view text, int max_depth, std::string& why) {
   struct Rejected {
     std::string why;
@@ -54,6 +66,10 @@ inline nlohmann::json parse_bounded_json(std::string_view text, int max_depth, s
   using json = nlohmann::json;
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
     why = "a NUL byte at offset " + std::to_string(nul);
+    return json(json::value_t::discarded);
+  }
+  if (text.starts_with("\xEF\xBB\xBF")) {
+    why = "it starts with a UTF-8 byte order mark";
     return json(json::value_t::discarded);
   }
   std::vector<std::set<std::string, std::less<>>> keys;  // one set per object being parsed

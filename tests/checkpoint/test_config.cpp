@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -235,6 +237,13 @@ TEST(Config, NotJsonOrNotAnObject) {
   const auto fifo = dir.path() / "config.json";
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   expect_error([&] { MoeConfig::from_file(fifo); }, {"config.json", "not a regular file"});
+  // A file of gigabytes is refused by its size, before its text is read (a sparse file here).
+  const auto huge = dir.path() / "huge-config.json";
+  std::ofstream(huge) << k3_text_config().dump();
+  std::filesystem::resize_file(huge, uintmax_t(6) << 30);
+  expect_error([&] { MoeConfig::from_file(huge); }, {"huge-config.json", "6442450944 bytes", "268435456"});
+  expect_error([] { MoeConfig::from_json("\xEF\xBB\xBF" + k3_text_config().dump(), "bom/config.json"); },
+               {"bom/config.json", "byte order mark"});
 }
 
 TEST(Config, DeepNestingIsAnErrorNotACrash) {
