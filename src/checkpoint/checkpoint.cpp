@@ -124,6 +124,17 @@ struct Checkpoint::Impl {
   void read_index(const std::filesystem::path& path);
   void resolve_prefix();
 
+  // Why the experts of `layer` are not to be loaded although the index has them, or "": config.json
+  // makes it a dense layer. Layers past num_hidden_layers are DeepSeek-style MTP layers, which may
+  // carry experts.
+  std::string dense_layer_problem(int layer) const {
+    const MoeConfig& c = config;
+    if (layer >= c.num_layers || c.is_moe_layer(layer)) return {};
+    return index_label + ": layer " + std::to_string(layer) + " has expert tensors, but config.json makes it a " +
+           "dense layer (num_hidden_layers " + std::to_string(c.num_layers) + ", first_k_dense_replace " +
+           std::to_string(c.first_k_dense_replace) + ", moe_layer_freq " + std::to_string(c.moe_layer_freq) + ")";
+  }
+
   const SafetensorsFile& shard(int index) const {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto it = opened.find(index); it != opened.end()) return *it->second;
@@ -271,6 +282,8 @@ RankExperts Checkpoint::load_experts(int layer, ExpertParallel ep, const Progres
   ep.validate(c.num_experts);
   K3MOE_CHECK(std::binary_search(impl_->layers.begin(), impl_->layers.end(), layer), impl_->index_label,
               ": layer ", layer, " has no expert tensors (layers with experts: ", layer_list(impl_->layers), ")");
+  const std::string dense = impl_->dense_layer_problem(layer);
+  K3MOE_CHECK(dense.empty(), dense);
   // Every tensor's name, dtype and shape first (header lookups), then the buffers: a checkpoint
   // that does not hold what config.json says fails before gigabytes are allocated.
   const int first = ep.first_expert(c.num_experts);
@@ -395,11 +408,7 @@ std::vector<std::string> Checkpoint::validate(std::optional<int> layer) const {
     layers = {*layer};
   }
   for (int l : layers) {
-    // Layers past num_hidden_layers are DeepSeek-style MTP layers: they may carry experts.
-    if (l < c.num_layers && !c.is_moe_layer(l))
-      add(impl_->index_label + ": layer " + std::to_string(l) + " has expert tensors, but config.json makes " +
-          "it a dense layer (num_hidden_layers " + std::to_string(c.num_layers) + ", first_k_dense_replace " +
-          std::to_string(c.first_k_dense_replace) + ", moe_layer_freq " + std::to_string(c.moe_layer_freq) + ")");
+    if (std::string dense = impl_->dense_layer_problem(l); !dense.empty()) add(dense);
     const std::set<int>& experts = impl_->named_experts.at(l);  // every layer listed names an expert
     const int named = *experts.rbegin() + 1;
     if (named > c.num_experts)

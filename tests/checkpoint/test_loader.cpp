@@ -227,6 +227,18 @@ TEST_F(Loader, ValidateFlagsWhatTheConfigDoesNotExplain) {
   EXPECT_EQ(problems.size(), 7u);
 }
 
+// A layer that config.json makes dense is not loaded as a MoE layer although its files hold experts.
+TEST_F(Loader, LoadingADenseLayersExpertsIsAnError) {
+  TempDir copy("dense");
+  fs::copy(dir(), copy.path(), fs::copy_options::recursive);
+  testing::edit_json_file(copy.path() / "config.json",
+                          [](nlohmann::json& j) { j["text_config"]["first_k_dense_replace"] = 2; });
+  const Checkpoint ckpt = Checkpoint::open(copy.path());
+  expect_error([&] { ckpt.load_experts(1, {4, 0}); },
+               {"layer 1 has expert tensors, but config.json makes it a dense layer", "first_k_dense_replace 2"});
+  expect_same_experts(ckpt.load_experts(2, {4, 0}), synthesize_experts(reduced_spec(), 2, {4, 0}), "layer 2");
+}
+
 TEST_F(Loader, ValidateFlagsTheFirstExpertPastNumExperts) {
   TempDir copy("validate-edge");
   fs::copy(dir(), copy.path(), fs::copy_options::recursive);
