@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 
@@ -29,6 +30,11 @@ ProgressFn stderr_progress();
 
 // "1.23 GB", "512.0 MB" ...
 std::string human_bytes(double bytes);
+
+// `text` with its control characters (a file's tensor names, metadata, and errors that quote them)
+// written as \xNN, so that what a file holds cannot move the cursor, recolour the terminal or
+// forge a line of the output.
+std::string printable(std::string_view text);
 
 class Stopwatch {
  public:

@@ -60,11 +60,12 @@ void inspect_file(const Options& o) {
     std::printf("%s\n", out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
   }
-  std::printf("%s: %zu tensors, %s\n", o.path.c_str(), file.tensors().size(),
+  std::printf("%s: %zu tensors, %s\n", printable(o.path).c_str(), file.tensors().size(),
               human_bytes(double(file.file_size())).c_str());
-  for (const auto& [key, value] : file.metadata()) std::printf("  metadata %s = %s\n", key.c_str(), value.c_str());
+  for (const auto& [key, value] : file.metadata())
+    std::printf("  metadata %s = %s\n", printable(key).c_str(), printable(value).c_str());
   for (const TensorInfo& t : file.tensors())
-    std::printf("  %-60s %-7s %-16s [%llu, %llu)  fnv1a64 %s\n", t.name.c_str(),
+    std::printf("  %-60s %-7s %-16s [%llu, %llu)  fnv1a64 %s\n", printable(t.name).c_str(),
                 std::string(to_string(t.dtype)).c_str(), t.shape_string().c_str(),
                 static_cast<unsigned long long>(t.begin), static_cast<unsigned long long>(t.end),
                 hex64(fnv1a64(file, t)).c_str());
@@ -97,7 +98,7 @@ void inspect_dir(const Options& o) {
   const Checkpoint ckpt = Checkpoint::open(o.path);
   const MoeConfig& c = ckpt.config();
   const ActivationParams& a = c.activation_params;
-  std::printf("checkpoint %s\n", o.path.c_str());
+  std::printf("checkpoint %s\n", printable(o.path).c_str());
   std::printf("  config      H %d  I %d  E %d  top-k %d  model hidden %d\n", c.hidden, c.intermediate,
               c.num_experts, c.top_k, c.model_hidden);
   std::printf("              activation %s (beta %g, beta_lin %g)  renormalize %s  routed scaling %g\n",
@@ -106,12 +107,12 @@ void inspect_dir(const Options& o) {
   std::printf("              %s, %d bits, group %d\n", c.quant_format.c_str(), c.num_bits, c.group_size);
   std::printf("              %d layers, first %d dense, MoE every %d (first MoE layer %d)\n", c.num_layers,
               c.first_k_dense_replace, c.moe_layer_freq, c.first_moe_layer());
-  std::printf("  prefix      '%s'\n", ckpt.prefix().c_str());
+  std::printf("  prefix      '%s'\n", printable(ckpt.prefix()).c_str());
   std::printf("  shards      %d\n", ckpt.num_shards());
   for (const std::string& f : shard_files(o.path)) {
     std::error_code ec;
     const auto size = fs::file_size(fs::path(o.path) / f, ec);
-    std::printf("              %-40s %s\n", f.c_str(), ec ? "(missing)" : human_bytes(double(size)).c_str());
+    std::printf("              %-40s %s\n", printable(f).c_str(), ec ? "(missing)" : human_bytes(double(size)).c_str());
   }
   const std::vector<int> layers = ckpt.moe_layers();
   std::printf("  MoE layers  %s (with expert tensors)\n", layer_list(layers).c_str());
@@ -129,7 +130,7 @@ void inspect_dir(const Options& o) {
     std::printf("              layer %d rank 0 in the files: %llu bytes\n", layer,
                 static_cast<unsigned long long>(ckpt.rank_bytes(layer, ep)));
   } catch (const Error& e) {
-    std::printf("              layer %d rank 0 in the files: unreadable (%s)\n", layer, e.message().c_str());
+    std::printf("              layer %d rank 0 in the files: unreadable (%s)\n", layer, printable(e.message()).c_str());
   }
 
   const std::vector<std::string> problems = ckpt.validate(o.layer);
@@ -139,7 +140,7 @@ void inspect_dir(const Options& o) {
     return;
   }
   std::printf("  validation  %s: INVALID, %zu problem line(s)\n", scope.c_str(), problems.size());
-  for (const std::string& p : problems) std::printf("    %s\n", p.c_str());
+  for (const std::string& p : problems) std::printf("    %s\n", printable(p).c_str());
   throw ExitCode{2};
 }
 
@@ -150,14 +151,25 @@ void register_inspect(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "inspect", "Describe and validate a checkpoint directory, or list the tensors of one .safetensors file");
   cmd->add_option("path", o->path, "Checkpoint directory or .safetensors file")->required();
-  cmd->add_option("--ep-size", o->ep_size, "Expert-parallel size for the per-rank byte counts")
-      ->capture_default_str()
-      ->check(non_negative_integer());
-  cmd->add_option("--layer", o->layer, "Validate only this layer (default: every layer with experts)")
-      ->check(non_negative_integer());
-  cmd->add_flag("--json", o->json, "For a .safetensors file: print the tensor list as JSON");
-  cmd->callback([o] {
-    if (fs::is_directory(o->path)) {
+  const CLI::Option* ep_size =
+      cmd->add_option("--ep-size", o->ep_size, "For a directory: expert-parallel size for the per-rank byte counts")
+          ->capture_default_str()
+          ->check(non_negative_integer());
+  const CLI::Option* layer =
+      cmd->add_option("--layer", o->layer, "For a directory: validate only this layer (default: every layer with experts)")
+          ->check(non_negative_integer());
+  const CLI::Option* json = cmd->add_flag("--json", o->json, "For a .safetensors file: print the tensor list as JSON");
+  // An option that does not apply to the path's kind is an error, not ignored: a script asking
+  // for JSON must not be handed text.
+  cmd->callback([o, ep_size, layer, json] {
+    const bool dir = fs::is_directory(o->path);
+    for (const CLI::Option* option : {ep_size, layer, json})
+      if (option->count() > 0 && (option == json) == dir)
+        throw CLI::ValidationError(option->get_name(), std::string("applies only to ") +
+                                                           (dir ? "a .safetensors file" : "a checkpoint directory") +
+                                                           ", and " + o->path + " is " +
+                                                           (dir ? "a directory" : "not a directory"));
+    if (dir) {
       inspect_dir(*o);
     } else {
       inspect_file(*o);

@@ -26,10 +26,10 @@ int main(int argc, char** argv) {
   } catch (const k3moe::cli::ExitCode& e) {
     return e.code;
   } catch (const k3moe::Error& e) {
-    std::fprintf(stderr, "k3moe: error: %s\n", e.what());
+    std::fprintf(stderr, "k3moe: error: %s\n", k3moe::cli::printable(e.what()).c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "k3moe: error: %s\n", e.what());
+    std::fprintf(stderr, "k3moe: error: %s\n", k3moe::cli::printable(e.what()).c_str());
     return 1;
   }
   return 0;

@@ -6,6 +6,8 @@ machine, with or without a GPU.
 The k3moe binary comes from the environment variable K3MOE_BIN (ctest sets it).
 """
 
+import json
+import struct
 import subprocess
 
 import pytest
@@ -108,3 +110,39 @@ def test_reference_checks_where_its_output_goes_before_loading(out, message, tmp
     result = k3moe("reference", "--checkpoint", "unused", "--out", out, cwd=tmp_path)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
+
+
+def test_inspect_refuses_an_option_that_does_not_apply_to_the_path(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    made = k3moe("make-checkpoint", str(ckpt), "--reduced", "--layers", "1", "--shards", "1", "--experts", "4",
+                 "--top-k", "2")
+    assert made.returncode == 0, made.stderr
+    shard = next(ckpt.glob("*.safetensors"))
+    for path, option, applies_to in ((ckpt, ["--json"], "a .safetensors file"),
+                                     (shard, ["--layer", "1"], "a checkpoint directory"),
+                                     (shard, ["--ep-size", "2"], "a checkpoint directory")):
+        result = k3moe("inspect", str(path), *option)
+        assert result.returncode != 0 and result.stdout == "", (option, result.stdout)
+        assert f"{option[0]}: applies only to {applies_to}, and {path} is" in result.stderr, result.stderr
+    assert k3moe("inspect", str(shard), "--json").returncode == 0
+    assert k3moe("inspect", str(ckpt), "--layer", "1", "--ep-size", "2").returncode == 0
+
+
+def test_inspect_escapes_control_characters_a_file_holds(tmp_path):
+    forged = "a\n  validation  all layers: valid\x1b[31m"
+    header = json.dumps({"__metadata__": {"k": "v\rX"},
+                         forged: {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}).encode()
+    path = tmp_path / "forged.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\x01\x02")
+    result = k3moe("inspect", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and "\r" not in result.stdout
+    assert "a\\x0a  validation  all layers: valid\\x1b[31m" in result.stdout
+    assert "metadata k = v\\x0dX" in result.stdout
+    assert len(result.stdout.splitlines()) == 3, result.stdout  # the file's line, its metadata, one tensor
+    # Errors that quote a name escape it as well.
+    bad = json.dumps({forged: {"dtype": "U8", "shape": [3], "data_offsets": [0, 2]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(bad)) + bad + b"\x01\x02")
+    result = k3moe("inspect", str(path))
+    assert result.returncode == 1 and "\x1b" not in result.stderr and len(result.stderr.splitlines()) == 1
+    assert "a\\x0a  validation" in result.stderr, result.stderr
