@@ -1,6 +1,7 @@
 // k3moe: the command-line front end. Each subcommand lives in its own cmd_<name>.cpp.
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include <CLI/CLI.hpp>
 
@@ -27,6 +28,10 @@ int main(int argc, char** argv) {
     return e.code;
   } catch (const k3moe::Error& e) {
     std::fprintf(stderr, "k3moe: error: %s\n", k3moe::cli::printable(e.what()).c_str());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "k3moe: error: out of host memory: the sizes asked for (--tokens, the dimensions) need "
+                         "more than this machine could allocate (std::bad_alloc)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "k3moe: error: %s\n", k3moe::cli::printable(e.what()).c_str());

@@ -30,6 +30,9 @@ struct SyntheticSpec {
 
 // Writes config.json, model.safetensors.index.json and the shards into `dir` (created; existing
 // files of the same names are replaced). Each MoE layer also gets its router (gate weight, bias).
+// The files are written into a staging directory inside `dir` and moved in once all are complete,
+// config.json last: a failure while writing them (memory, a full disk) leaves `dir` as it was, and
+// one while moving them in (a rename) leaves no config.json or index of the new checkpoint.
 void write_synthetic_checkpoint(const std::filesystem::path& dir, const SyntheticSpec& spec,
                                 const ProgressFn& progress = {});
 

@@ -289,6 +289,8 @@ std::string MoeConfig::to_json() const {
 
 void MoeConfig::validate() const {
   K3MOE_CHECK(model_hidden > 0, "hidden_size must be > 0, got ", model_hidden);
+  K3MOE_CHECK(model_hidden <= kMaxDimension, "hidden_size (the router's input width) must be <= 2^20 = ",
+              kMaxDimension, ", got ", model_hidden);
   K3MOE_CHECK(hidden > 0, "routed_expert_hidden_size (H) must be > 0, got ", hidden);
   K3MOE_CHECK(intermediate > 0, "moe_intermediate_size (I) must be > 0, got ", intermediate);
   K3MOE_CHECK(quant_format == kMxfp4Format, "quantization_config format must be \"", kMxfp4Format,

@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -299,6 +303,34 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
   K3MOE_CHECK(out.good(), path.string(), ": write failed");
 }
 
+// A directory of its own inside `dir` (on the same file system, so that its files move into `dir`
+// by rename), removed with what it holds when the writer fails.
+class StagingDir {
+ public:
+  explicit StagingDir(const std::filesystem::path& dir) {
+    std::string name = (dir / ".make-checkpoint-XXXXXX").string();
+    K3MOE_CHECK(mkdtemp(name.data()) != nullptr, dir.string(), ": cannot create a staging directory in it: ",
+                std::strerror(errno));
+    path_ = name;
+  }
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+  ~StagingDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+void move_into(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::error_code error;
+  std::filesystem::rename(from, to, error);
+  K3MOE_CHECK(!error, to.string(), ": cannot move the written file there: ", error.message());
+}
+
 }  // namespace
 
 void write_synthetic_checkpoint(const std::filesystem::path& dir, const SyntheticSpec& spec,
@@ -309,6 +341,9 @@ void write_synthetic_checkpoint(const std::filesystem::path& dir, const Syntheti
   const int S = spec.num_shards, E = c.num_experts;
   K3MOE_CHECK(!dir.empty(), "synthetic checkpoint: the output directory must be given, got an empty path");
   std::filesystem::create_directories(dir);
+  // Every file is written into a staging directory first and moved into `dir` only once all are
+  // complete, config.json last (synthetic.h says what a failure leaves).
+  const StagingDir staging(dir);
 
   // Shard s holds experts [s E / S, (s + 1) E / S) of every layer; the last shard also the routers.
   std::vector<Job> jobs;
@@ -341,15 +376,15 @@ void write_synthetic_checkpoint(const std::filesystem::path& dir, const Syntheti
     declare(S - 1, router_name(spec, layer, "e_score_correction_bias"), Dtype::BF16, {E});
   }
 
-  write_text(dir / "config.json", c.to_json());
+  write_text(staging.path() / "config.json", c.to_json());
   const nlohmann::json index = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
-  write_text(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+  write_text(staging.path() / "model.safetensors.index.json", index.dump(2) + "\n");
 
   const std::map<std::string, std::string> metadata{{"format", "pt"}};
   ExpertPipeline pipeline(spec, jobs, thread_count(spec));
   size_t j = 0;
   for (int s = 0; s < S; ++s) {
-    SafetensorsWriter writer(dir / shard_name(s, S), entries[size_t(s)], metadata);
+    SafetensorsWriter writer(staging.path() / shard_name(s, S), entries[size_t(s)], metadata);
     for (; j < jobs.size() && jobs[j].shard == s; ++j) {
       ExpertBuffers& b = pipeline.acquire(int64_t(j));
       const size_t w1p = b.w13_packed.size() / 2, w1s = b.w13_scale.size() / 2;
@@ -372,6 +407,9 @@ void write_synthetic_checkpoint(const std::filesystem::path& dir, const Syntheti
     }
     writer.finish();
   }
+  for (int s = 0; s < S; ++s) move_into(staging.path() / shard_name(s, S), dir / shard_name(s, S));
+  for (const char* name : {"model.safetensors.index.json", "config.json"})
+    move_into(staging.path() / name, dir / name);
 }
 
 RankExperts synthesize_experts(const SyntheticSpec& spec, int layer, ExpertParallel ep, const ProgressFn& progress) {

@@ -193,6 +193,7 @@ TEST(Config, InconsistentFieldsAreNamed) {
       {"moe_intermediate_size", 2147483584, "moe_intermediate_size (I) must be <= 2^20 = 1048576, got 2147483584"},
       {"moe_intermediate_size", (1 << 20) + 64, "must be <= 2^20"},
       {"routed_expert_hidden_size", (1 << 20) + 64, "routed_expert_hidden_size (H) must be <= 2^20"},
+      {"hidden_size", 2147483647, "hidden_size (the router's input width) must be <= 2^20 = 1048576, got 2147483647"},
       // 2^30 experts of K3's size: ~1.9e16 bytes (no buffer size may wrap).
       {"num_experts", 1 << 30, "must fit in 2^53 bytes"},
   };

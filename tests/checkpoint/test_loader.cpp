@@ -350,6 +350,32 @@ TEST(LoaderPrefix, LanguageModelPrefix) {
   EXPECT_TRUE(ckpt.validate().empty());
 }
 
+// A writer that fails leaves no staging directory and no index or config.json of what it wrote:
+// here a directory stands where the second shard goes, so only the first shard moves in; and a
+// checkpoint written there before is still whole.
+TEST(LoaderWriter, AFailedWriteLeavesNoPartialCheckpoint) {
+  SyntheticSpec spec = reduced_spec();
+  spec.num_shards = 2;
+  TempDir dir("failed-write");
+  fs::create_directories(dir.path() / "model-00002-of-00002.safetensors" / "in-the-way");
+  expect_error([&] { write_synthetic_checkpoint(dir.path(), spec); },
+               {"model-00002-of-00002.safetensors", "cannot move the written file there"});
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir.path())) left.push_back(entry.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}));
+
+  TempDir whole("failed-rewrite");
+  write_synthetic_checkpoint(whole.path(), spec);
+  SyntheticSpec other = spec;
+  other.num_shards = 3;
+  fs::create_directories(whole.path() / "model-00001-of-00003.safetensors" / "in-the-way");
+  EXPECT_THROW(write_synthetic_checkpoint(whole.path(), other), Error);
+  const Checkpoint ckpt = Checkpoint::open(whole.path());
+  EXPECT_EQ(ckpt.num_shards(), 2);
+  EXPECT_TRUE(ckpt.validate().empty());
+}
+
 // A single model.safetensors (no index), router in F32, written by hand with the writer.
 TEST(LoaderSingleFile, ReadsModelSafetensorsWithF32Router) {
   SyntheticSpec spec = reduced_spec();

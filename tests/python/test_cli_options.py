@@ -146,3 +146,15 @@ def test_inspect_escapes_control_characters_a_file_holds(tmp_path):
     result = k3moe("inspect", str(path))
     assert result.returncode == 1 and "\x1b" not in result.stderr and len(result.stderr.splitlines()) == 1
     assert "a\\x0a  validation" in result.stderr, result.stderr
+
+
+def test_out_of_host_memory_is_a_clear_error_and_leaves_no_partial_checkpoint(tmp_path):
+    out = tmp_path / "ckpt"
+    # One expert of H = I = 2^20 is 1.75 TB: past the 4 GB of address space this run may take.
+    command = (f"ulimit -v 4000000; exec '{crosscheck_env.program('K3MOE_BIN')}' make-checkpoint '{out}' --reduced "
+               "--hidden 1048576 --intermediate 1048576 --experts 1 --top-k 1 --shards 1")
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                            timeout=SECONDS_BEFORE_ANY_WEIGHT_LOADS)
+    assert result.returncode == 1, result.stderr
+    assert "k3moe: error: out of host memory" in result.stderr, result.stderr
+    assert list(out.iterdir()) == [], "a failed make-checkpoint left files behind"
