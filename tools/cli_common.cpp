@@ -1,9 +1,13 @@
 #include "cli_common.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <string_view>
+
+#include "k3moe/error.h"
 
 namespace k3moe::cli {
 
@@ -59,6 +63,16 @@ std::string human_bytes(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
   return buf;
+}
+
+void check_host_memory_for_tokens(int tokens, const MoeConfig& config) {
+  const double per_token = 2.0 * config.hidden + 4.0 * config.model_hidden + 4.0 * config.num_experts +
+                           8.0 * config.top_k + 2 * 8.0 * config.hidden;
+  const double needed = per_token * tokens;
+  const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  K3MOE_CHECK(machine <= 0.0 || needed <= machine, "--tokens ", tokens, ": its inputs and the float64 reference's "
+              "outputs alone take ", human_bytes(needed), " of host memory, more than this machine's ",
+              human_bytes(machine));
 }
 
 std::string printable(std::string_view text) {

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "k3moe/config.h"
 #include "k3moe/progress.h"
 
 namespace k3moe::cli {
@@ -30,6 +31,11 @@ ProgressFn stderr_progress();
 
 // "1.23 GB", "512.0 MB" ...
 std::string human_bytes(double bytes);
+
+// Fails, naming --tokens, when the host memory that `run` and `reference` need for `tokens` at
+// least (the inputs, the router's logits and the two float64 reference outputs, [T, H] each) is
+// more than this machine has: checked before a layer loads, not minutes later as a bad_alloc.
+void check_host_memory_for_tokens(int tokens, const MoeConfig& config);
 
 // `text` with its control characters (a file's tensor names, metadata, and errors that quote them)
 // written as \xNN, so that what a file holds cannot move the cursor, recolour the terminal or

@@ -90,6 +90,7 @@ void run(const ReferenceOptions& o) {
   const int layer = o.layer >= 0 ? o.layer : layers.front();
   const ExpertParallel ep{o.ep_size, o.ep_rank};
   ep.validate(config.num_experts);
+  check_host_memory_for_tokens(o.tokens, config);
   const Mode mode = parse_mode(o.mode);
   const Activation activation = o.activation.empty() ? config.activation : parse_activation(o.activation);
   const int T = o.tokens, H = config.hidden, E = config.num_experts, K = config.top_k, D = config.model_hidden;

@@ -131,6 +131,7 @@ void run(const RunOptions& o) {
     spec.seed = o.seed;
     config = spec.config;
     ep.validate(config.num_experts);
+    check_host_memory_for_tokens(o.tokens, config);
     const int layer = o.layer >= 0 ? o.layer : config.first_moe_layer();
     std::printf("k3moe run: synthetic full-size Kimi-K3 layer %d (H %d, I %d, %d experts, top-%d), EP rank %d/%d\n",
                 layer, config.hidden, config.intermediate, config.num_experts, config.top_k, ep.rank, ep.size);
@@ -140,6 +141,7 @@ void run(const RunOptions& o) {
     Checkpoint ckpt = Checkpoint::open(o.checkpoint);
     config = ckpt.config();
     ep.validate(config.num_experts);
+    check_host_memory_for_tokens(o.tokens, config);
     const int layer = o.layer >= 0 ? o.layer : ckpt.moe_layers().at(0);
     std::printf("k3moe run: %s layer %d (H %d, I %d, %d experts, top-%d), EP rank %d/%d\n", o.checkpoint.c_str(), layer,
                 config.hidden, config.intermediate, config.num_experts, config.top_k, ep.rank, ep.size);

@@ -7,6 +7,7 @@ The k3moe binary comes from the environment variable K3MOE_BIN (ctest sets it).
 """
 
 import json
+import os
 import struct
 import subprocess
 
@@ -158,3 +159,17 @@ def test_out_of_host_memory_is_a_clear_error_and_leaves_no_partial_checkpoint(tm
     assert result.returncode == 1, result.stderr
     assert "k3moe: error: out of host memory" in result.stderr, result.stderr
     assert list(out.iterdir()) == [], "a failed make-checkpoint left files behind"
+
+
+def test_run_refuses_more_tokens_than_host_memory_holds_before_loading():
+    machine = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGESIZE")
+    # Kimi-K3's per-token host bytes: x 2 H, x_model 4 D, logits 4 E, ids and weights 8 K, two
+    # float64 [T, H] outputs.
+    needed = (2 * 3584 + 4 * 7168 + 4 * 896 + 8 * 16 + 16 * 3584) * (1 << 20)
+    if needed <= machine:
+        pytest.skip(f"this machine holds {machine} bytes, enough for --tokens 2^20")
+    result = k3moe("run", "--backend", "cpu", "--tokens", str(1 << 20))
+    assert result.returncode == 1
+    assert "--tokens 1048576: its inputs and the float64 reference's outputs alone take 101.60 GB" in result.stderr, \
+        result.stderr
+    assert "local experts" not in result.stdout, "the layer was loaded before the memory was checked"
