@@ -156,7 +156,8 @@ void register_inspect(CLI::App& app) {
           ->capture_default_str()
           ->check(non_negative_integer());
   const CLI::Option* layer =
-      cmd->add_option("--layer", o->layer, "For a directory: validate only this layer (default: every layer with experts)")
+      cmd->add_option("--layer", o->layer,
+                      "For a directory: validate only this layer (default: every layer with experts)")
           ->check(non_negative_integer());
   const CLI::Option* json = cmd->add_flag("--json", o->json, "For a .safetensors file: print the tensor list as JSON");
   // An option that does not apply to the path's kind is an error, not ignored: a script asking

@@ -238,7 +238,8 @@ TEST(Safetensors, AcceptsWhatTheSpecAllows) {
   const std::string header =
       R"(  {"b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]},"__metadata__":{},)"
       R"("a":{"shape":[2],"dtype":"U16","data_offsets":[0,4]},"z":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},)"
-      R"("e":{"dtype":"F32","shape":[3,0],"data_offsets":[4,4]},"f":{"dtype":"U8","shape":[0],"data_offsets":[6,6]}}   )";
+      R"("e":{"dtype":"F32","shape":[3,0],"data_offsets":[4,4]},)"
+      R"("f":{"dtype":"U8","shape":[0],"data_offsets":[6,6]}}   )";
   const auto f = SafetensorsFile::from_bytes(testing::raw_safetensors(header, pattern_bytes(6, 0)), "ok");
   ASSERT_EQ(f.tensors().size(), 5u);
   EXPECT_EQ(f.tensors()[1].name, "a");

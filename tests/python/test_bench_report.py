@@ -164,13 +164,16 @@ def test_ab_script_alternates_the_order_and_ends_with_the_verdict(tmp_path):
 
 def test_prebuild_commit_refuses_a_name_that_is_no_commit_before_it_builds(tmp_path):
     out = tmp_path / "out"
-    worktrees = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+    def worktree_list():
+        return subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+
+    worktrees = worktree_list()
     result = subprocess.run(["bash", str(ROOT / "scripts" / "prebuild-commit.sh"), "no-such-commit-k3moe", str(out)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "'no-such-commit-k3moe' names no commit" in result.stderr
     assert not out.exists()
-    assert subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout == worktrees
+    assert worktree_list() == worktrees
     extra = subprocess.run(["bash", str(ROOT / "scripts" / "prebuild-commit.sh"), "HEAD", str(out), "more"],
                            capture_output=True, text=True, timeout=60)
     assert extra.returncode == 2 and "usage:" in extra.stderr and not out.exists()
