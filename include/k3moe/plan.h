@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,8 +52,9 @@ class DeviceExperts {
   static DeviceExperts upload(const RankExperts& experts, int device);
   // A view of kernel-layout bytes already on `device` (e.g. framework tensors made from
   // to_kernel_layout); the memory stays the caller's and must outlive the view. It checks each
-  // pointer with the driver (device memory of `device`, 16-byte aligned): make a view once per
-  // set of weights, not per forward.
+  // pointer with the driver (device memory of `device`, 16-byte aligned, its kernel_layout_sizes
+  // bytes before its allocation's end where the driver knows it): make a view once per set of
+  // weights, not per forward.
   struct Pointers {
     const uint8_t *w13_codes = nullptr, *w13_scales = nullptr, *w2_codes = nullptr, *w2_scales = nullptr;
   };
@@ -87,8 +89,9 @@ struct PlanOptions {
   MoeConfig config;
   int max_tokens = 4096;  // at most 2^32 / (top_k max(H, I) / 8): 599,186 for Kimi-K3
   Mode mode = Mode::A16;
-  Activation activation = Activation::Situ;
-  ActivationParams activation_params;  // normally config.activation_params
+  // The gated activation and its parameters; unset, the config's (hidden_act, activation_*).
+  std::optional<Activation> activation;
+  std::optional<ActivationParams> activation_params;
   ExpertParallel ep;
   int device = 0;
   // Tuning overrides (0: the heuristic's choice, src/runtime/heuristics.h): how many ranges K of
@@ -140,10 +143,11 @@ class MoePlan {
   ~MoePlan();
 
   // Enqueues the forward on `stream`. Throws k3moe::Error (before enqueueing anything) on a
-  // tensor of the wrong dtype, shape, device or layout, naming it with expected and actual.
+  // tensor of the wrong dtype, shape, device or layout, naming it with expected and actual, or a
+  // stream of another device. Tensors are taken at their word (DLPack holds no allocation size).
   // `workspace`: caller-provided device memory of at least workspace_bytes(T) bytes, 256-byte
-  // aligned (e.g. from a framework's allocator); nullptr uses the plan's own (sized for
-  // max_tokens at creation).
+  // aligned (e.g. from a framework's allocator; checked against its allocation's end where the
+  // driver knows it); nullptr uses the plan's own (sized for max_tokens at creation).
   void forward(const DeviceExperts& experts, const ForwardArgs& args, cudaStream_t stream,
                void* workspace = nullptr) const;
 
@@ -155,7 +159,9 @@ class MoePlan {
   // scales [T, H/128] int32.
   void quantize_mxfp8(const DLTensor& x, DLTensor& codes, DLTensor& scales, cudaStream_t stream) const;
 
-  const PlanOptions& options() const;
+  const PlanOptions& options() const;  // as given, with the activation and its parameters filled in
+  // The most tokens one forward takes with a caller workspace (32-bit row offsets in the kernels).
+  int64_t max_forward_tokens() const;
   int64_t workspace_bytes() const;  // the plan's own workspace (for max_tokens)
   int64_t workspace_bytes(int tokens) const;
   // The kernels this plan runs for T tokens, one line each (the heuristic's choice).

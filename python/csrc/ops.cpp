@@ -195,6 +195,8 @@ at::Tensor run_forward(const char* op, const at::Tensor& x, const std::optional<
   check_tensor(op, "w2_codes", w.w2_codes, {at::kByte}, {L, H * I / 2}, device);
   check_tensor(op, "w2_scales", w.w2_scales, {at::kByte}, {L, H * I / 32}, device);
   if (out_given) check_tensor(op, "out", *out_given, {at::kBFloat16}, {T, H}, device);
+  TORCH_CHECK(T <= plan.max_forward_tokens(), op, ": x has ", T, " tokens; one forward takes at most ",
+              plan.max_forward_tokens(), " at top_k ", K, ", H ", H, ", I ", I, " (32-bit row offsets): split the batch");
   const int tokens = to_int(op, "the token count (x.size(0))", T);
   const at::Tensor out = out_given ? *out_given : at::empty({T, H}, x.options().dtype(at::kBFloat16));
 

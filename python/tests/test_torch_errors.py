@@ -364,6 +364,19 @@ def test_forward_allocating_op_checks_too(valid):
 
 
 @hopper
+def test_forward_too_many_tokens_names_x():
+    # K = 32, H = I = 128: one forward takes at most (2^32 - 2) / (32 x 128 / 8) = 8,388,607 tokens.
+    config = k3moe.MoeConfig(num_experts=32, top_k=32, hidden=128, intermediate=128)
+    experts = k3moe.prepare_experts(*cases.random_experts(32, 128, 128, seed=4))
+    tokens = 8_388_608
+    x = torch.empty((tokens, 128), dtype=torch.bfloat16, device="cuda")
+    ids = torch.empty((tokens, 32), dtype=torch.int32, device="cuda")
+    weights = torch.empty((tokens, 32), dtype=torch.float32, device="cuda")
+    expect_error(r"k3moe\.forward: x has 8388608 tokens; one forward takes at most 8388607 at top_k 32, H 128, I 128",
+                 torch.ops.k3moe.forward, x, ids, weights, *experts, **config.forward_kwargs())
+
+
+@hopper
 @pytest.mark.parametrize("argument, change, message", [
     ("router_logits", lambda l, b: (l.half(), b), r"router_logits must be \[6, 16\] float32 on cuda:0, got .* float16"),
     ("router_logits", lambda l, b: (l.flatten(), b), r"router_logits must have 2 dimensions, got \[96\]"),

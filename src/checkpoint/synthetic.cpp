@@ -436,6 +436,7 @@ RankExperts synthesize_experts(const SyntheticSpec& spec, int layer, ExpertParal
 Router synthesize_router(const SyntheticSpec& spec, int layer) {
   check_spec(spec);
   const MoeConfig& c = spec.config;
+  K3MOE_CHECK(c.is_moe_layer(layer), "synthesize_router: layer ", layer, " is not a MoE layer of the config");
   const NormalTable& normal = normal_table();
   Router router;
   router.num_experts = c.num_experts;

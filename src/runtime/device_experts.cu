@@ -121,7 +121,6 @@ KernelLayout to_kernel_layout(const RankExperts& experts) {
 
 RankExperts from_kernel_layout(const KernelLayout& in, const MoeConfig& c, int layer, ExpertParallel ep) {
   check_layout_dimensions(c);
-  RankExperts out = RankExperts::allocate(c, layer, ep);
   const KernelLayoutSizes sizes = kernel_layout_sizes(c, ep);
   const std::tuple<const char*, size_t, int64_t> buffers[] = {{"w13_codes", in.w13_codes.size(), sizes.w13_codes},
                                                                {"w13_scales", in.w13_scales.size(), sizes.w13_scales},
@@ -130,6 +129,7 @@ RankExperts from_kernel_layout(const KernelLayout& in, const MoeConfig& c, int l
   for (const auto& [name, bytes, expected] : buffers)
     K3MOE_CHECK(int64_t(bytes) == expected, "from_kernel_layout: ", name, " holds ", bytes, " bytes, the config (H ",
                 c.hidden, ", I ", c.intermediate, ", ", ep.num_local(c.num_experts), " local experts) needs ", expected);
+  RankExperts out = RankExperts::allocate(c, layer, ep);
   for_each_expert_matrix(c, out.num_local, [&](int, const MatrixView& m) {
     const auto [codes, scales] = m.is_w13 ? std::tie(in.w13_codes, in.w13_scales)
                                           : std::tie(in.w2_codes, in.w2_scales);
@@ -142,6 +142,7 @@ RankExperts from_kernel_layout(const KernelLayout& in, const MoeConfig& c, int l
 }
 
 DeviceExperts DeviceExperts::upload(const RankExperts& experts, int device) {
+  check_device_exists(device, "DeviceExperts::upload");
   const KernelLayout host = to_kernel_layout(experts);
   auto impl = std::make_unique<Impl>();
   impl->config = experts.config;
@@ -175,16 +176,16 @@ DeviceExperts DeviceExperts::view(const MoeConfig& config, ExpertParallel ep, in
   ep.validate(config.num_experts);
   check_layout_dimensions(config);
   K3MOE_CHECK(p.w13_codes && p.w13_scales && p.w2_codes && p.w2_scales, "DeviceExperts::view needs all four pointers");
-  int device_count = 0;
-  K3MOE_CUDA_CHECK(cudaGetDeviceCount(&device_count));
-  K3MOE_CHECK(device >= 0 && device < device_count, "DeviceExperts::view: device ", device, " does not exist (",
-              device_count, " CUDA devices)");
+  check_device_exists(device, "DeviceExperts::view");
   // The GEMMs' bulk copies fault (and leave the context unusable) on a source not 16-byte aligned,
-  // or in host memory.
-  const std::pair<const char*, const void*> named[] = {
-      {"w13_codes", p.w13_codes}, {"w13_scales", p.w13_scales}, {"w2_codes", p.w2_codes}, {"w2_scales", p.w2_scales}};
-  for (const auto& [name, pointer] : named)
-    check_device_memory(pointer, device, 16, std::string("DeviceExperts::view: ") + name);
+  // in host memory, or past the end of its allocation.
+  const KernelLayoutSizes sizes = kernel_layout_sizes(config, ep);
+  const std::tuple<const char*, const void*, int64_t> named[] = {{"w13_codes", p.w13_codes, sizes.w13_codes},
+                                                                 {"w13_scales", p.w13_scales, sizes.w13_scales},
+                                                                 {"w2_codes", p.w2_codes, sizes.w2_codes},
+                                                                 {"w2_scales", p.w2_scales, sizes.w2_scales}};
+  for (const auto& [name, pointer, bytes] : named)
+    check_device_memory(pointer, bytes, device, 16, std::string("DeviceExperts::view: ") + name);
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->ep = ep;

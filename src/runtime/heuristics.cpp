@@ -86,6 +86,9 @@ GpuTraits GpuTraits::of_device(int device) {
 
 KernelChoice choose_kernels(const MoeConfig& c, ExpertParallel ep, int tokens, const GpuTraits& gpu, GemmKernel forced_kernel,
                             int forced_tile) {
+  K3MOE_CHECK(forced_kernel == GemmKernel::Auto || forced_kernel == GemmKernel::MmaSync ||
+                  forced_kernel == GemmKernel::Wgmma,
+              "gemm_kernel must be Auto, MmaSync or Wgmma, got ", int(forced_kernel));
   KernelChoice k;
   const double local = ep.num_local(c.num_experts);
   k.expected_rows_per_expert = double(tokens) * c.top_k / c.num_experts;

@@ -110,12 +110,13 @@ bool hopper_gpu_available(std::string* why_not) {
 MoePlan MoePlan::create(const PlanOptions& o) {
   o.config.validate();
   o.ep.validate(o.config.num_experts);
-  // The kernels run the plan's mode, activation and parameters, not the config's.
+  // The kernels run the plan's mode, activation and parameters: the config's unless given.
   K3MOE_CHECK(o.mode == Mode::A16 || o.mode == Mode::Mxfp8, "mode must be A16 or Mxfp8, got ", int(o.mode));
-  K3MOE_CHECK(o.activation == Activation::Situ || o.activation == Activation::Swiglu ||
-                  o.activation == Activation::SwigluOai,
-              "activation must be Situ, Swiglu or SwigluOai, got ", int(o.activation));
-  o.activation_params.validate();
+  const Activation activation = o.activation.value_or(o.config.activation);
+  K3MOE_CHECK(activation == Activation::Situ || activation == Activation::Swiglu || activation == Activation::SwigluOai,
+              "activation must be Situ, Swiglu or SwigluOai, got ", int(activation));
+  const ActivationParams activation_params = o.activation_params.value_or(o.config.activation_params);
+  activation_params.validate();
   const MoeConfig& c = o.config;
   K3MOE_CHECK(o.max_tokens >= 0, "max_tokens must be >= 0, got ", o.max_tokens);
   const int64_t token_limit = kernels::max_gemm_tokens(c.top_k, c.hidden, c.intermediate);
@@ -126,7 +127,7 @@ MoePlan MoePlan::create(const PlanOptions& o) {
   for (const int rows : {o.gemm1_unit_rows, o.gemm2_unit_rows})
     K3MOE_CHECK(rows == 0 || rows == kernels::kGemmHalfUnitRows || rows == kernels::kGemmRowsPerCta,
                 "gemm unit rows must be 0 (automatic), 128 or 256, got ", rows);
-  if (o.token_tile != 0) choose_kernels(o.config, o.ep, 1, {1}, o.gemm_kernel, o.token_tile);  // a clear error if unknown
+  choose_kernels(o.config, o.ep, 1, {1}, o.gemm_kernel, o.token_tile);  // a clear error for an unknown kernel or tile
   K3MOE_CHECK(c.hidden % kernels::kGemmKMultiple == 0 && c.intermediate % kernels::kGemmKMultiple == 0,
               "the expert GEMMs need H and I to be multiples of ", kernels::kGemmKMultiple, ", got H = ", c.hidden,
               ", I = ", c.intermediate);
@@ -137,10 +138,7 @@ MoePlan MoePlan::create(const PlanOptions& o) {
   K3MOE_CHECK(num_local <= kernels::kPermuteMaxLocalExperts, "a rank can hold up to ",
               kernels::kPermuteMaxLocalExperts, " experts, got ", num_local);
 
-  int device_count = 0;
-  K3MOE_CUDA_CHECK(cudaGetDeviceCount(&device_count));
-  K3MOE_CHECK(o.device >= 0 && o.device < device_count, "device ", o.device, " does not exist (", device_count,
-              " CUDA devices)");
+  check_device_exists(o.device, "MoePlan::create");
   cudaDeviceProp prop{};
   K3MOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
   K3MOE_CHECK(prop.major == 9 && prop.minor == 0, "k3moe's kernels need compute capability 9.0 (Hopper: H100, H200); ",
@@ -148,6 +146,8 @@ MoePlan MoePlan::create(const PlanOptions& o) {
 
   auto impl = std::make_unique<Impl>();
   impl->options = o;
+  impl->options.activation = activation;
+  impl->options.activation_params = activation_params;
   impl->num_local = num_local;
   impl->first_expert = o.ep.first_expert(c.num_experts);
   impl->gpu = GpuTraits::of_device(o.device);
@@ -155,10 +155,19 @@ MoePlan MoePlan::create(const PlanOptions& o) {
   kernels::configure_expert_gemm_kernels();
   kernels::configure_permute_kernel();
   if (o.max_tokens > 0) {
+    size_t free_bytes = 0, total_bytes = 0;
+    K3MOE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const auto check_fits = [&](int64_t bytes) {
+      K3MOE_CHECK(bytes <= int64_t(free_bytes), "the workspace for max_tokens ", o.max_tokens, " needs ", bytes,
+                  " bytes; device ", o.device, " has ", free_bytes, " free of ", total_bytes,
+                  " (lower max_tokens, or give each forward a workspace)");
+    };
     // The K splits change with T: size the workspace for the largest need up to max_tokens.
-    int64_t bytes = 0;
-    for (int t = 1; t <= o.max_tokens; ++t)
+    int64_t bytes = Workspace::carve(&impl->ws, nullptr, o, o.max_tokens, impl->gpu);
+    check_fits(bytes);
+    for (int t = 1; t < o.max_tokens; ++t)
       bytes = std::max(bytes, Workspace::carve(&impl->ws, nullptr, o, t, impl->gpu));
+    check_fits(bytes);
     impl->workspace_buffer = DeviceBuffer(bytes);
   }
   return MoePlan(std::move(impl));
@@ -185,7 +194,6 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   check_token_count(c, T, "x has ");
   K3MOE_CHECK(workspace != nullptr || T <= o.max_tokens, "x has ", T, " tokens, the plan was created for at most ",
               o.max_tokens, " (pass a workspace of workspace_bytes(", T, ") bytes for more)");
-  K3MOE_CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
   const bool x_prequantized = same_dtype(args.x->dtype, kU8);
   K3MOE_CHECK(!x_prequantized || o.mode == Mode::Mxfp8,
               "x is uint8 (pre-quantized MXFP8) but the plan's mode is ", to_string(o.mode));
@@ -205,14 +213,18 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
               "router_bias is given without router_logits (it is used only to route from logits)");
   if (args.topk_ids || !from_logits) check_tensor(args.topk_ids, "topk_ids", kI32, {T, K}, o.device);
   if (args.topk_weights || !from_logits) check_tensor(args.topk_weights, "topk_weights", kF32, {T, K}, o.device);
-  if (args.stage_times) check_device_memory(args.stage_times, o.device, 8, "stage_times");
+  if (args.stage_times)
+    check_device_memory(args.stage_times, kForwardStages * int64_t(sizeof(StageTimes)), o.device, 8, "stage_times");
+  check_stream_device(stream, o.device, "the stream");
   if (T == 0) return;
   const KernelChoice choice = kernel_choice(o, T, p.gpu);
   if (choice.gemm1_splits > 1) kernels::check_activation_rows(T * K, c.intermediate, p.gpu.sm_count);
 
   DeviceGuard guard(o.device);
   Workspace ws;
-  Workspace::carve(&ws, workspace ? static_cast<char*>(workspace) : p.workspace_buffer.get<char>(), o, T, p.gpu);
+  const int64_t workspace_needed =
+      Workspace::carve(&ws, workspace ? static_cast<char*>(workspace) : p.workspace_buffer.get<char>(), o, T, p.gpu);
+  if (workspace) check_device_memory(workspace, workspace_needed, o.device, 256, "workspace");
   int32_t* ids = args.topk_ids ? data_ptr<int32_t>(args.topk_ids) : ws.route_ids;
   float* weights = args.topk_weights ? data_ptr<float>(args.topk_weights) : ws.route_weights;
   const auto times = [&](ForwardStage s) { return args.stage_times ? args.stage_times + int(s) : nullptr; };
@@ -258,12 +270,12 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
                              .unit_rows = choice.gemm1_unit_rows};
   g1.weights_once = choice.weights_once;
   g1.times = times(ForwardStage::Gemm1);
-  kernels::GemmOutput out1{ws.inter, o.mode, o.activation, o.activation_params, ws.h, rows * 2 * c.intermediate};
+  kernels::GemmOutput out1{ws.inter, o.mode, *o.activation, *o.activation_params, ws.h, rows * 2 * c.intermediate};
   kernels::launch_expert_gemm1(g1, out1, choice.token_tile, choice.gemm1_warps, stream);
   if (choice.gemm1_splits > 1) {
     kernels::ActivationArgs act{ws.h, rows * 2 * c.intermediate, choice.gemm1_splits, ws.expert_offset, p.num_local,
-                                int(rows), p.gpu.sm_count, c.intermediate, ws.inter, o.mode, o.activation,
-                                o.activation_params};
+                                int(rows), p.gpu.sm_count, c.intermediate, ws.inter, o.mode, *o.activation,
+                                *o.activation_params};
     act.release_early = choice.activation_beside_gemm1;
     act.times = times(ForwardStage::Activation);
     kernels::launch_activation(act, stream);
@@ -311,6 +323,7 @@ void MoePlan::route(const DLTensor& logits, const DLTensor& bias, DLTensor& ids,
   check_tensor(&bias, "router_bias", kF32, {c.num_experts}, o.device);
   check_tensor(&ids, "topk_ids", kI32, {T, c.top_k}, o.device);
   check_tensor(&weights, "topk_weights", kF32, {T, c.top_k}, o.device);
+  check_stream_device(stream, o.device, "the stream");
   DeviceGuard guard(o.device);
   kernels::launch_routing({data_ptr<float>(&logits), data_ptr<float>(&bias), data_ptr<int32_t>(&ids),
                            data_ptr<float>(&weights), int(T), c.num_experts, c.top_k, c.renormalize,
@@ -327,12 +340,17 @@ void MoePlan::quantize_mxfp8(const DLTensor& x, DLTensor& codes, DLTensor& scale
   check_tensor(&x, "x", kBf16, {T, H}, o.device);
   check_tensor(&codes, "codes", kU8, {T, H}, o.device);
   check_tensor(&scales, "scales", kI32, {T, H / 128}, o.device);
+  check_stream_device(stream, o.device, "the stream");
   DeviceGuard guard(o.device);
   kernels::launch_quantize_mxfp8(data_ptr<uint16_t>(&x), int(T), int(H),
                                  {data_ptr<uint8_t>(&codes), data_ptr<uint8_t>(&scales), nullptr}, stream);
 }
 
 const PlanOptions& MoePlan::options() const { return impl_->options; }
+int64_t MoePlan::max_forward_tokens() const {
+  const MoeConfig& c = impl_->options.config;
+  return kernels::max_gemm_tokens(c.top_k, c.hidden, c.intermediate);
+}
 int64_t MoePlan::workspace_bytes() const { return impl_->workspace_buffer.bytes(); }
 int64_t MoePlan::workspace_bytes(int tokens) const {
   check_token_count(impl_->options.config, tokens, "workspace_bytes: ");
@@ -344,7 +362,7 @@ std::string MoePlan::describe(int tokens) const {
   const PlanOptions& o = impl_->options;
   check_token_count(o.config, tokens, "describe: ");
   std::ostringstream out;
-  out << "mode " << to_string(o.mode) << ", activation " << to_string(o.activation) << ", EP rank " << o.ep.rank
+  out << "mode " << to_string(o.mode) << ", activation " << to_string(*o.activation) << ", EP rank " << o.ep.rank
       << "/" << o.ep.size << " (" << impl_->num_local << " local experts from " << impl_->first_expert << ")\n"
       << "GPU: " << impl_->gpu.sm_count << " SMs, memory " << impl_->gpu.memory_bytes_per_s / 1e12
       << " TB/s peak\n"

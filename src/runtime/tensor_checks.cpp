@@ -1,5 +1,7 @@
 #include "runtime/tensor_checks.h"
 
+#include <cuda.h>
+
 #include <sstream>
 #include <vector>
 
@@ -57,6 +59,29 @@ bool is_contiguous(const DLTensor& t) {
   return true;
 }
 
+// The bytes from `pointer` to the end of the address range the driver says it belongs to, or -1 if
+// the driver cannot tell. The driver is reached through the runtime: the library does not link
+// libcuda.
+int64_t bytes_to_range_end(const void* pointer) {
+  using GetAttribute = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+  static const GetAttribute get = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t status =
+        cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &fn, 12000, cudaEnableDefault, &found);
+    if (status != cudaSuccess) cudaGetLastError();
+    return status == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<GetAttribute>(fn) : nullptr;
+  }();
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  const auto address = reinterpret_cast<CUdeviceptr>(pointer);
+  if (!get || get(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, address) != CUDA_SUCCESS ||
+      get(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, address) != CUDA_SUCCESS || address < start ||
+      address - start > size)
+    return -1;
+  return int64_t(size - (address - start));
+}
+
 }  // namespace
 
 std::string describe_tensor(const DLTensor& t) {
@@ -83,15 +108,30 @@ void check_tensor(const DLTensor* t, const char* name, DLDataType dtype, std::in
     for (int64_t extent : shape) ok = ok && extent >= 0 && t->shape[d++] == extent;
   }
   if (!ok) K3MOE_FAIL(name, " must be ", want(), ", got ", describe_tensor(*t));
-  if (!is_contiguous(*t)) K3MOE_FAIL(name, " must be contiguous (row-major), got ", describe_tensor(*t), " with other strides");
   int64_t numel = 1;
   for (int64_t extent : shape) numel *= extent;
-  K3MOE_CHECK(numel == 0 || t->data != nullptr, name, " has ", numel, " elements but no data pointer");
+  if (numel == 0) return;  // nothing is read or written: any strides and address will do
+  if (!is_contiguous(*t)) K3MOE_FAIL(name, " must be contiguous (row-major), got ", describe_tensor(*t), " with other strides");
+  K3MOE_CHECK(t->data != nullptr, name, " has ", numel, " elements but no data pointer");
   const auto address = reinterpret_cast<uintptr_t>(static_cast<const char*>(t->data) + t->byte_offset);
   K3MOE_CHECK(address % 16 == 0, name, " must start 16-byte aligned, got address 0x", std::hex, address);
 }
 
-void check_device_memory(const void* pointer, int device, int alignment, const std::string& what) {
+void check_device_exists(int device, const std::string& what) {
+  int device_count = 0;
+  K3MOE_CUDA_CHECK(cudaGetDeviceCount(&device_count));
+  K3MOE_CHECK(device >= 0 && device < device_count, what, ": device ", device, " does not exist (", device_count,
+              " CUDA devices)");
+}
+
+void check_stream_device(cudaStream_t stream, int device, const std::string& what) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
+  int stream_device = -1;
+  K3MOE_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
+  K3MOE_CHECK(stream_device == device, what, " belongs to device ", stream_device, ", the plan to device ", device);
+}
+
+void check_device_memory(const void* pointer, int64_t bytes, int device, int alignment, const std::string& what) {
   K3MOE_CHECK(reinterpret_cast<uintptr_t>(pointer) % uintptr_t(alignment) == 0, what, " must be ", alignment,
               "-byte aligned, got address ", pointer);
   cudaPointerAttributes where{};
@@ -100,6 +140,9 @@ void check_device_memory(const void* pointer, int device, int alignment, const s
   K3MOE_CHECK(on_device && where.device == device, what, " must be ", alignment, "-byte aligned memory of device ",
               device, ", got ", on_device ? "memory of device " + std::to_string(where.device) : std::string("host memory"),
               " at ", pointer);
+  const int64_t room = bytes_to_range_end(pointer);
+  K3MOE_CHECK(room < 0 || room >= bytes, what, " must hold ", bytes, " bytes, got ", room,
+              " bytes from ", pointer, " to the end of its allocation");
 }
 
 }  // namespace k3moe

@@ -2,6 +2,7 @@
 // names the tensor, the expected and the actual shape / dtype / device / layout.
 #pragma once
 
+#include <cuda_runtime_api.h>
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
@@ -24,9 +25,17 @@ std::string describe_tensor(const DLTensor& tensor);
 void check_tensor(const DLTensor* t, const char* name, DLDataType dtype, std::initializer_list<int64_t> shape,
                   int device);
 bool same_dtype(DLDataType a, DLDataType b);
-// `pointer` must be device (or managed) memory of CUDA device `device` and `alignment`-byte
-// aligned: "<what> must be ... memory of device 0, got host memory at 0x...".
-void check_device_memory(const void* pointer, int device, int alignment, const std::string& what);
+// `device` must be a CUDA device of this process: "<what>: device 3 does not exist (1 CUDA devices)".
+void check_device_exists(int device, const std::string& what);
+// `stream` must belong to CUDA device `device` (the default streams always do: the caller sets the
+// device): "<what> belongs to device 1, the plan to device 0".
+void check_stream_device(cudaStream_t stream, int device, const std::string& what);
+// `pointer` must be device (or managed) memory of CUDA device `device`, `alignment`-byte aligned,
+// with `bytes` bytes before the end of its allocation: "<what> must be ... memory of device 0, got
+// host memory at 0x...". The driver reports the address range a pointer belongs to (its
+// allocation; for virtual-memory mappings and pools the whole reservation), so a range the driver
+// does not know is not checked against `bytes`, and one inside a larger reservation passes.
+void check_device_memory(const void* pointer, int64_t bytes, int device, int alignment, const std::string& what);
 
 template <class T>
 T* data_ptr(const DLTensor* t) {

@@ -176,6 +176,10 @@ TEST_F(Loader, RouterMatchesTheGeneratorAndGivesUnitLogits) {
     EXPECT_NEAR(std::sqrt(b2 / 32.0), 0.05, 0.02);
   }
   EXPECT_NE(synthesize_router(spec, 1).weight, synthesize_router(spec, 2).weight);
+  // Only the layers the written checkpoint has routers for.
+  for (int layer : {0, -1, spec.config.num_layers})
+    testing::expect_error([&] { synthesize_router(spec, layer); },
+                          {"synthesize_router: layer " + std::to_string(layer) + " is not a MoE layer"});
 }
 
 TEST_F(Loader, OpensOnlyTheShardsItNeeds) {

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <utility>
 
+#include "expect_error.h"
 #include "k3moe/error.h"
 #include "kernels/activation.cuh"
 #include "kernels/combine.cuh"
@@ -132,6 +133,10 @@ TEST(Heuristics, ForcedTileMustBeOneTheKernelsHave) {
   EXPECT_THROW(choose_kernels(c, ExpertParallel{1, 0}, 64, kH100, GemmKernel::Wgmma, 16), Error);
   // 24 tokens: an mma.sync tile only.
   EXPECT_THROW(choose_kernels(c, ExpertParallel{1, 0}, 64, kH100, GemmKernel::Wgmma, 24), Error);
+  // A kernel value outside the enum is an error, not the mma.sync kernel.
+  for (int tile : {0, 24})
+    testing::expect_error([&] { choose_kernels(c, ExpertParallel{1, 0}, 64, kH100, GemmKernel(5), tile); },
+                          {"gemm_kernel must be Auto, MmaSync or Wgmma, got 5"});
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, kH100, GemmKernel::MmaSync, 24).token_tile,
             kernels::TokenTile::T24);
   EXPECT_EQ(choose_kernels(c, ExpertParallel{1, 0}, 64, kH100, GemmKernel::Auto, 24).token_tile, kernels::TokenTile::T24);

@@ -95,15 +95,34 @@ TEST(KernelLayout, SizesAndBuffersAreChecked) {
   layout.w2_scales.pop_back();
   testing::expect_error([&] { from_kernel_layout(layout, small_config(), 1, ExpertParallel{1, 0}); },
                         {"from_kernel_layout: w2_scales holds", "needs"});
+  // Checked before the experts are allocated: a valid configuration of terabytes gets the named
+  // error, not an allocation failure.
+  MoeConfig huge = small_config();
+  huge.hidden = huge.model_hidden = huge.intermediate = 32768;
+  huge.num_experts = 1024;
+  testing::expect_error([&] { from_kernel_layout(KernelLayout{}, huge, 1, ExpertParallel{1, 0}); },
+                        {"from_kernel_layout: w13_codes holds 0 bytes", "needs 1099511627776"});
 }
 
 TEST(DeviceExperts, ViewRefusesPointersTheBulkCopiesCannotRead) {
   K3MOE_REQUIRE_GPU();
-  DeviceBuffer device_bytes(4 * 256);
-  uint8_t* d = device_bytes.get<uint8_t>();
-  DeviceExperts::Pointers p{d, d + 256, d + 512, d + 768};
+  const KernelLayoutSizes sizes = kernel_layout_sizes(small_config(), {1, 0});
+  DeviceBuffer w13_codes(sizes.w13_codes), w13_scales(sizes.w13_scales), w2_codes(sizes.w2_codes),
+      w2_scales(sizes.w2_scales);
+  DeviceExperts::Pointers p{w13_codes.get<uint8_t>(), w13_scales.get<uint8_t>(), w2_codes.get<uint8_t>(),
+                            w2_scales.get<uint8_t>()};
   EXPECT_NO_THROW(DeviceExperts::view(small_config(), {1, 0}, 1, 0, p));
-  p.w2_codes = d + 513;
+  // Past the allocation's end: the driver knows where each buffer ends.
+  p.w2_scales += 16;
+  testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); },
+                        {"w2_scales must hold " + std::to_string(sizes.w2_scales) + " bytes",
+                         "got " + std::to_string(sizes.w2_scales - 16)});
+  p.w2_scales = p.w13_scales;  // the smaller buffer for the larger tensor
+  testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); },
+                        {"w2_scales must hold", "got " + std::to_string(sizes.w13_scales)});
+  p.w2_scales = w2_scales.get<uint8_t>();
+  uint8_t* d = w2_codes.get<uint8_t>();
+  p.w2_codes = d + 1;
   testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); },
                         {"w2_codes must be 16-byte aligned"});
   // Host memory (the kernel layout's vectors, say) would fault the GEMMs' bulk copies.
@@ -113,8 +132,11 @@ TEST(DeviceExperts, ViewRefusesPointersTheBulkCopiesCannotRead) {
                         {"w2_codes must be", "memory of device 0", "got host memory"});
   p.w2_codes = nullptr;
   testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); }, {"all four pointers"});
-  p.w2_codes = d + 512;
-  testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 99, p); }, {"device 99 does not exist"});
+  p.w2_codes = d;
+  testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 99, p); },
+                        {"DeviceExperts::view: device 99 does not exist"});
+  testing::expect_error([&] { DeviceExperts::upload(small_experts(), 99); },
+                        {"DeviceExperts::upload: device 99 does not exist"});
   MoeConfig odd = small_config();
   odd.intermediate = 192;
   testing::expect_error([&] { DeviceExperts::view(odd, {1, 0}, 1, 0, p); }, {"multiples of 128", "I = 192"});
@@ -198,6 +220,19 @@ TEST(MoePlan, RejectsBadTensorsNamingThem) {
   testing::expect_error([&] { plan.forward(experts, a, nullptr); }, {"router_bias is given without router_logits"});
 
   testing::expect_error([&] { plan.workspace_bytes(-1); }, {"workspace_bytes: -1 tokens", "split the batch"});
+
+  // A caller's workspace: device memory of the plan's device, large enough for this T.
+  std::vector<uint8_t> host_workspace(size_t(plan.workspace_bytes(4)) + 256);
+  void* host_aligned = host_workspace.data() + (256 - reinterpret_cast<uintptr_t>(host_workspace.data()) % 256);
+  testing::expect_error([&] { plan.forward(experts, b.args(), nullptr, host_aligned); },
+                        {"workspace must be 256-byte aligned memory of device 0", "got host memory"});
+  DeviceBuffer short_workspace(plan.workspace_bytes(4) - 256);
+  testing::expect_error([&] { plan.forward(experts, b.args(), nullptr, short_workspace.get<char>()); },
+                        {"workspace must hold " + std::to_string(plan.workspace_bytes(4)) + " bytes",
+                         "got " + std::to_string(plan.workspace_bytes(4) - 256)});
+  DeviceBuffer workspace(plan.workspace_bytes(4));
+  EXPECT_NO_THROW(plan.forward(experts, b.args(), nullptr, workspace.get<char>()));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 TEST(MoePlan, ZeroTokensReturnsAtOnce) {
@@ -211,6 +246,26 @@ TEST(MoePlan, ZeroTokensReturnsAtOnce) {
   // describe() takes the token counts forward() takes, and names the others.
   EXPECT_NE(plan.describe(0).find("expert GEMMs"), std::string::npos);
   testing::expect_error([&] { plan.describe(-5); }, {"describe: -5 tokens", "split the batch"});
+}
+
+TEST(MoePlan, TakesTheConfigsActivationUnlessGiven) {
+  // Options built from a checkpoint's config run its activation, not a default.
+  K3MOE_REQUIRE_GPU();
+  MoeConfig c = small_config();
+  c.activation = Activation::SwigluOai;
+  c.activation_params.swiglu_alpha = 1.5f;
+  PlanOptions o;
+  o.config = c;
+  o.max_tokens = 16;
+  const MoePlan from_config = MoePlan::create(o);
+  EXPECT_EQ(*from_config.options().activation, Activation::SwigluOai);
+  EXPECT_EQ(from_config.options().activation_params->swiglu_alpha, 1.5f);
+  EXPECT_NE(from_config.describe(4).find("activation swiglu_oai"), std::string::npos) << from_config.describe(4);
+  o.activation = Activation::Situ;
+  o.activation_params = ActivationParams{};
+  const MoePlan given = MoePlan::create(o);
+  EXPECT_EQ(*given.options().activation, Activation::Situ);
+  EXPECT_EQ(given.options().activation_params->swiglu_alpha, ActivationParams{}.swiglu_alpha);
 }
 
 TEST(MoePlan, RejectsActivationSettingsTheKernelsCannotRun) {
@@ -240,6 +295,13 @@ TEST(MoePlan, RejectsShapesTheKernelsDoNotTake) {
   testing::expect_error(
       [&] { MoePlan::create({c, int(limit + 1), Mode::A16, Activation::Situ, c.activation_params, {1, 0}, 0}); },
       {"max_tokens must be <= " + std::to_string(limit), "got " + std::to_string(limit + 1)});
+  // At the limit the workspace is larger than any GPU's memory: named, before any allocation.
+  testing::expect_error(
+      [&] { MoePlan::create({c, int(limit), Mode::A16, Activation::Situ, c.activation_params, {1, 0}, 0}); },
+      {"the workspace for max_tokens " + std::to_string(limit) + " needs", "free of"});
+  PlanOptions unknown_kernel{c, 16, Mode::A16, Activation::Situ, c.activation_params, {1, 0}, 0};
+  unknown_kernel.gemm_kernel = GemmKernel(5);
+  testing::expect_error([&] { MoePlan::create(unknown_kernel); }, {"gemm_kernel must be Auto, MmaSync or Wgmma, got 5"});
 }
 
 // The stage records follow the launch chain: every stage after the first passes its wait only after

@@ -62,5 +62,18 @@ TEST(TensorChecks, StridesAlignmentAndData) {
   expect_error([&] { check_tensor(&x.t, "x", kBf16, {4, 8}, 0); }, {"x has 32 elements but no data pointer"});
 }
 
+TEST(TensorChecks, AnEmptyTensorTakesAnyStridesAndAddress) {
+  // Nothing of it is read or written; frameworks give empty tensors strides such as {1, 1}.
+  Tensor x;
+  x.shape[0] = 0;
+  int64_t strides[2] = {1, 1};
+  x.t.strides = strides;
+  x.t.byte_offset = 2;
+  EXPECT_NO_THROW(check_tensor(&x.t, "x", kBf16, {0, 8}, 0));
+  x.t.data = nullptr;
+  EXPECT_NO_THROW(check_tensor(&x.t, "x", kBf16, {0, 8}, 0));
+  expect_error([&] { check_tensor(&x.t, "x", kBf16, {0, 16}, 0); }, {"x must be [0, 16]", "got [0, 8]"});
+}
+
 }  // namespace
 }  // namespace k3moe
