@@ -19,6 +19,8 @@
 namespace k3moe {
 namespace {
 
+constexpr int64_t kTwoMiB = 2 << 20;
+
 MoeConfig small_config() {
   MoeConfig c;
   c.hidden = 256;
@@ -112,15 +114,19 @@ TEST(DeviceExperts, ViewRefusesPointersTheBulkCopiesCannotRead) {
   DeviceExperts::Pointers p{w13_codes.get<uint8_t>(), w13_scales.get<uint8_t>(), w2_codes.get<uint8_t>(),
                             w2_scales.get<uint8_t>()};
   EXPECT_NO_THROW(DeviceExperts::view(small_config(), {1, 0}, 1, 0, p));
-  // Past the allocation's end: the driver knows where each buffer ends.
-  p.w2_scales += 16;
+  // Past the allocation's end: the driver knows where each buffer ends. (The pointers lie that
+  // far before the end of a 2 MiB allocation, so no rounding of its size can hide the shortfall.)
+  DeviceBuffer pages(kTwoMiB);
+  p.w2_scales = pages.get<uint8_t>() + kTwoMiB - (sizes.w2_scales - 16);
   testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); },
                         {"w2_scales must hold " + std::to_string(sizes.w2_scales) + " bytes",
                          "got " + std::to_string(sizes.w2_scales - 16)});
-  p.w2_scales = p.w13_scales;  // the smaller buffer for the larger tensor
-  testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); },
-                        {"w2_scales must hold", "got " + std::to_string(sizes.w13_scales)});
   p.w2_scales = w2_scales.get<uint8_t>();
+  p.w13_codes = pages.get<uint8_t>() + kTwoMiB - sizes.w13_codes / 2;
+  testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); },
+                        {"w13_codes must hold " + std::to_string(sizes.w13_codes) + " bytes",
+                         "got " + std::to_string(sizes.w13_codes / 2)});
+  p.w13_codes = w13_codes.get<uint8_t>();
   uint8_t* d = w2_codes.get<uint8_t>();
   p.w2_codes = d + 1;
   testing::expect_error([&] { DeviceExperts::view(small_config(), {1, 0}, 1, 0, p); },
@@ -226,10 +232,12 @@ TEST(MoePlan, RejectsBadTensorsNamingThem) {
   void* host_aligned = host_workspace.data() + (256 - reinterpret_cast<uintptr_t>(host_workspace.data()) % 256);
   testing::expect_error([&] { plan.forward(experts, b.args(), nullptr, host_aligned); },
                         {"workspace must be 256-byte aligned memory of device 0", "got host memory"});
-  DeviceBuffer short_workspace(plan.workspace_bytes(4) - 256);
-  testing::expect_error([&] { plan.forward(experts, b.args(), nullptr, short_workspace.get<char>()); },
-                        {"workspace must hold " + std::to_string(plan.workspace_bytes(4)) + " bytes",
-                         "got " + std::to_string(plan.workspace_bytes(4) - 256)});
+  const int64_t needed = plan.workspace_bytes(4);
+  ASSERT_LT(needed, kTwoMiB);
+  DeviceBuffer pages(kTwoMiB);  // the short workspace ends where this allocation ends
+  testing::expect_error(
+      [&] { plan.forward(experts, b.args(), nullptr, pages.get<char>() + kTwoMiB - (needed - 256)); },
+      {"workspace must hold " + std::to_string(needed) + " bytes", "got " + std::to_string(needed - 256)});
   DeviceBuffer workspace(plan.workspace_bytes(4));
   EXPECT_NO_THROW(plan.forward(experts, b.args(), nullptr, workspace.get<char>()));
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
