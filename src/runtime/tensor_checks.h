@@ -28,7 +28,8 @@ bool same_dtype(DLDataType a, DLDataType b);
 // `device` must be a CUDA device of this process: "<what>: device 3 does not exist (1 CUDA devices)".
 void check_device_exists(int device, const std::string& what);
 // `stream` must belong to CUDA device `device` (the default streams always do: the caller sets the
-// device): "<what> belongs to device 1, the plan to device 0".
+// device; a capturing stream is not checked: the driver refuses the query during a capture):
+// "<what> belongs to device 1, the plan to device 0".
 void check_stream_device(cudaStream_t stream, int device, const std::string& what);
 // `pointer` must be device (or managed) memory of CUDA device `device`, `alignment`-byte aligned,
 // with `bytes` bytes before the end of its allocation: "<what> must be ... memory of device 0, got
