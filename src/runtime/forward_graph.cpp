@@ -8,6 +8,7 @@
 #include "runtime/cuda_stream.h"
 #include "runtime/device_buffer.h"
 #include "runtime/launch_recorder.h"
+#include "runtime/tensor_checks.h"
 
 namespace k3moe {
 
@@ -55,12 +56,7 @@ int ForwardGraph::graphs_built() const { return impl_->built; }
 
 void ForwardGraph::forward(const MoePlan& plan, const DeviceExperts& experts, const ForwardArgs& args,
                            cudaStream_t stream, void* workspace) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
-    cudaGetLastError();
-    capture = cudaStreamCaptureStatusActive;
-  }
-  if (capture != cudaStreamCaptureStatusNone) return plan.forward(experts, args, stream, workspace);
+  if (stream_is_capturing(stream)) return plan.forward(experts, args, stream, workspace);
 
   Impl& p = *impl_;
   size_t count = 0;

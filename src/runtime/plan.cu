@@ -194,6 +194,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   check_token_count(c, T, "x has ");
   K3MOE_CHECK(workspace != nullptr || T <= o.max_tokens, "x has ", T, " tokens, the plan was created for at most ",
               o.max_tokens, " (pass a workspace of workspace_bytes(", T, ") bytes for more)");
+  K3MOE_CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0, "workspace must be 256-byte aligned");
   const bool x_prequantized = same_dtype(args.x->dtype, kU8);
   K3MOE_CHECK(!x_prequantized || o.mode == Mode::Mxfp8,
               "x is uint8 (pre-quantized MXFP8) but the plan's mode is ", to_string(o.mode));
@@ -213,9 +214,12 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
               "router_bias is given without router_logits (it is used only to route from logits)");
   if (args.topk_ids || !from_logits) check_tensor(args.topk_ids, "topk_ids", kI32, {T, K}, o.device);
   if (args.topk_weights || !from_logits) check_tensor(args.topk_weights, "topk_weights", kF32, {T, K}, o.device);
-  if (args.stage_times)
+  // Asked of the driver outside a capture only (it refuses some queries during one): the stream's
+  // device, the memory of stage_times and of a caller workspace.
+  const bool capturing = stream_is_capturing(stream);
+  if (!capturing) check_stream_device(stream, o.device, "the stream");
+  if (args.stage_times && !capturing)
     check_device_memory(args.stage_times, kForwardStages * int64_t(sizeof(StageTimes)), o.device, 8, "stage_times");
-  check_stream_device(stream, o.device, "the stream");
   if (T == 0) return;
   const KernelChoice choice = kernel_choice(o, T, p.gpu);
   if (choice.gemm1_splits > 1) kernels::check_activation_rows(T * K, c.intermediate, p.gpu.sm_count);
@@ -224,7 +228,7 @@ void MoePlan::forward(const DeviceExperts& experts, const ForwardArgs& args, cud
   Workspace ws;
   const int64_t workspace_needed =
       Workspace::carve(&ws, workspace ? static_cast<char*>(workspace) : p.workspace_buffer.get<char>(), o, T, p.gpu);
-  if (workspace) check_device_memory(workspace, workspace_needed, o.device, 256, "workspace");
+  if (workspace && !capturing) check_device_memory(workspace, workspace_needed, o.device, 256, "workspace");
   int32_t* ids = args.topk_ids ? data_ptr<int32_t>(args.topk_ids) : ws.route_ids;
   float* weights = args.topk_weights ? data_ptr<float>(args.topk_weights) : ws.route_weights;
   const auto times = [&](ForwardStage s) { return args.stage_times ? args.stage_times + int(s) : nullptr; };

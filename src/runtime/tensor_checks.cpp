@@ -124,16 +124,18 @@ void check_device_exists(int device, const std::string& what) {
               " CUDA devices)");
 }
 
-void check_stream_device(cudaStream_t stream, int device, const std::string& what) {
-  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
-  // The driver refuses the query on a capturing stream (and the capture query itself where another
-  // stream's capture forbids it): such a stream is not checked.
+bool stream_is_capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
     cudaGetLastError();
-    return;
+    return true;
   }
-  if (capture != cudaStreamCaptureStatusNone) return;
+  return capture != cudaStreamCaptureStatusNone;
+}
+
+void check_stream_device(cudaStream_t stream, int device, const std::string& what) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return;
+  if (stream_is_capturing(stream)) return;  // the driver refuses the query during a capture
   int stream_device = -1;
   K3MOE_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
   K3MOE_CHECK(stream_device == device, what, " belongs to device ", stream_device, ", the plan to device ", device);

@@ -27,9 +27,11 @@ void check_tensor(const DLTensor* t, const char* name, DLDataType dtype, std::in
 bool same_dtype(DLDataType a, DLDataType b);
 // `device` must be a CUDA device of this process: "<what>: device 3 does not exist (1 CUDA devices)".
 void check_device_exists(int device, const std::string& what);
+// Whether `stream` is capturing a graph, or cannot be asked (a legacy stream while another stream's
+// capture forbids it): then the driver queries below are not made.
+bool stream_is_capturing(cudaStream_t stream);
 // `stream` must belong to CUDA device `device` (the default streams always do: the caller sets the
-// device; a capturing stream is not checked: the driver refuses the query during a capture):
-// "<what> belongs to device 1, the plan to device 0".
+// device; a capturing stream is not checked): "<what> belongs to device 1, the plan to device 0".
 void check_stream_device(cudaStream_t stream, int device, const std::string& what);
 // `pointer` must be device (or managed) memory of CUDA device `device`, `alignment`-byte aligned,
 // with `bytes` bytes before the end of its allocation: "<what> must be ... memory of device 0, got
